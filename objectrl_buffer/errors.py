@@ -1,0 +1,58 @@
+"""Exceptions raised by objectrl_buffer.
+
+Every class subclasses both :class:`ReplayBufferError` (catch everything from this
+library) and the builtin that code written against ObjectRL's buffer already catches,
+so ``except ValueError`` or ``except IndexError`` keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ReplayBufferError",
+    "InvalidArgumentError",
+    "SchemaError",
+    "EmptyBufferError",
+    "SlotIndexError",
+    "StaleIteratorError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+]
+
+
+class ReplayBufferError(Exception):
+    """Base class of every error raised on purpose by objectrl_buffer."""
+
+
+class InvalidArgumentError(ReplayBufferError, ValueError):
+    """An argument is out of its documented range (a size <= 0, a batch of the wrong rank, ...)."""
+
+
+class SchemaError(ReplayBufferError, ValueError):
+    """A write does not match the stored schema (keys, per-row shapes, dtypes).
+
+    The message names the key, what the buffer stores and what the write brought.
+    Nothing of the rejected write is stored.
+    """
+
+
+class EmptyBufferError(ReplayBufferError, RuntimeError):
+    """Sampling was asked of a buffer that holds no rows (or only metadata, no data)."""
+
+
+class SlotIndexError(ReplayBufferError, IndexError):
+    """An index does not name a stored slot (``0 <= index < len(buffer)``)."""
+
+
+class StaleIteratorError(ReplayBufferError, RuntimeError):
+    """An epoch iterator was advanced after the buffer it reads was reset."""
+
+
+class CheckpointError(ReplayBufferError, RuntimeError):
+    """Saving or loading failed; the message names the path and the problem.
+
+    An ``OSError`` from the disk is chained as ``__cause__``.
+    """
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint (its ``.metadata`` file or its data) does not exist."""

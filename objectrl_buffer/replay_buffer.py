@@ -1,0 +1,440 @@
+"""ReplayBuffer: a drop-in for ObjectRL's ``experience_memory.ReplayBuffer``.
+
+Same constructor, attributes and methods (see ``shared/reference/objectrl-upstream.md``), with the
+upstream bugs fixed: ``get_next_batch`` works before any iterator exists, ``sample_by_index_fields``
+takes a list, ``reset()`` frees memory at once, ``sample_all`` is oldest-to-newest after the ring
+wraps, paths may be ``os.PathLike``, and bad input raises a clear error that changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeAlias
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import RandomSampler, RoundRobinWriter, TensorDictReplayBuffer
+
+from objectrl_buffer.checkpoint import load_metadata, save_metadata
+from objectrl_buffer.errors import (
+    CheckpointError,
+    EmptyBufferError,
+    InvalidArgumentError,
+    SchemaError,
+    SlotIndexError,
+    StaleIteratorError,
+)
+from objectrl_buffer.samplers import chronological_slots, epoch_slots, num_batches, uniform_slots
+from objectrl_buffer.schema import INDEX_KEY, Key, Schema, require_mapping
+from objectrl_buffer.storage import TransitionStorage, make_tensordict
+
+__all__ = ["ReplayBuffer"]
+
+Transition: TypeAlias = TensorDictBase | Mapping[str, Any]
+Slots: TypeAlias = Sequence[int] | range | torch.Tensor | int
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = int(value.__index__())
+        except (AttributeError, TypeError):
+            raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}") from None
+    if value <= 0:
+        raise InvalidArgumentError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+class ReplayBuffer:
+    """A ring buffer of transitions over a torchrl storage, sampled onto the training device.
+
+    Args:
+        device: where samples are delivered (the training device), e.g. ``"cuda"`` or ``"cpu"``.
+        storing_device: where rows are stored. ``"cpu"`` uses torchrl ``LazyMemmapStorage`` (files in
+            ``storage_dir``); any other device a torchrl ``LazyTensorStorage`` on that device.
+        buffer_size: capacity in transitions (> 0). The oldest rows are overwritten once full.
+        print_gc_warning: accepted for ObjectRL compatibility; unused (nothing here needs a GC retry).
+        seed: seed of the buffer's own ``torch.Generator`` (``None``: a random seed). Same seed and
+            same writes give the same samples and shuffles; global RNG state is never touched.
+        shuffle: default of ``shuffle`` for the epoch iterators (``False`` keeps ObjectRL's slot order).
+            Setting it here lets unmodified ObjectRL trainers get shuffled epochs.
+        storage_dir: parent folder for the CPU memmap files. ``None`` uses the system temp folder
+            (disk-backed), so the buffer does not depend on the size of ``/dev/shm``.
+
+    Attributes:
+        device, storing_device (torch.device), buffer_size, data_size, pointer (int): ring state;
+            ``pointer`` is the next slot written, slot ``pointer - 1`` the newest row.
+        epoch_iterator: the iterator ``get_next_batch`` draws from, or ``None`` (random sampling).
+
+    Rows are TensorDicts: a write is a ``TensorDict`` (batch size ``[]`` for ``add``, ``[N]`` for
+    ``add_batch``) or a mapping of key -> tensor/array/number. The first write fixes the schema.
+    Every sample is a new ``TensorDict`` on ``device`` (never a view of storage) carrying the stored
+    keys plus ``"index"``: the storage slot of each row (int64).
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        storing_device: torch.device | str,
+        buffer_size: int,
+        print_gc_warning: bool = False,
+        *,
+        seed: int | None = None,
+        shuffle: bool = False,
+        storage_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self.storing_device = torch.device(storing_device)
+        self.buffer_size = _positive_int(buffer_size, "buffer_size")
+        self.print_gc_warning = print_gc_warning
+        self.shuffle = shuffle
+        self.storage_dir = storage_dir
+        self.data_size = 0
+        self.pointer = 0
+        self.epoch_iterator: Iterator[TensorDict] | None = None
+        self.generator = torch.Generator(device=self.storing_device)
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        self._generation = 0  # bumped by reset(): epoch iterators of an older generation are stale
+        self._storage = TransitionStorage(self.buffer_size, self.storing_device, storage_dir)
+        self._memory = self._make_memory()
+
+    # ------------------------------------------------------------------ ObjectRL attributes
+    @property
+    def memory(self) -> TensorDictReplayBuffer:
+        """The torchrl ``TensorDictReplayBuffer`` over this buffer's storage (for reading).
+
+        Its length and write cursor are brought in line with ``data_size``/``pointer`` on access.
+        Write through :meth:`add`/:meth:`add_batch`, not through it.
+        """
+        self._storage.torchrl._len = self.data_size
+        self._memory._writer._cursor = self.pointer
+        return self._memory
+
+    def _make_memory(self) -> TensorDictReplayBuffer:
+        return TensorDictReplayBuffer(storage=self._storage.torchrl, sampler=RandomSampler(), writer=RoundRobinWriter())
+
+    def __len__(self) -> int:
+        return self.data_size
+
+    @property
+    def size(self) -> int:
+        """Number of stored transitions (same as ``len(buffer)``)."""
+        return self.data_size
+
+    @property
+    def schema(self) -> Schema | None:
+        """Stored keys with per-row shapes and dtypes; ``None`` until the first write."""
+        return self._storage.schema
+
+    @property
+    def storage_folder(self) -> str | None:
+        """Folder holding the CPU memmap files (``None`` on an accelerator)."""
+        return self._storage.folder
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(size={self.data_size}/{self.buffer_size}, pointer={self.pointer}, "
+            f"device={self.device}, storing_device={self.storing_device}, schema={self.schema!r})"
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    def reset(self, buffer_size: int | None = None) -> None:
+        """Empty the buffer, optionally with a new capacity; the next write may bring a new schema.
+
+        Memory and memmap files are freed now (not at the next garbage collection). Epoch iterators
+        created before the reset raise :class:`StaleIteratorError` when advanced.
+
+        Raises:
+            InvalidArgumentError: ``buffer_size`` is not a positive int (the buffer is unchanged).
+        """
+        new_size = self.buffer_size if buffer_size is None else _positive_int(buffer_size, "buffer_size")
+        if new_size != self.buffer_size:
+            self._storage.close()
+            self.buffer_size = new_size
+            self._storage = TransitionStorage(new_size, self.storing_device, self.storage_dir)
+            self._memory = self._make_memory()
+        else:
+            self._storage.release()
+        self.data_size = 0
+        self.pointer = 0
+        self._generation += 1
+
+    def close(self) -> None:
+        """Free the storage and remove its files; the buffer cannot be used afterwards."""
+        self._storage.close()
+        self.data_size = self.pointer = 0
+
+    def __enter__(self) -> ReplayBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ writes
+    def add(self, transition: Transition) -> None:
+        """Store one transition at slot ``pointer``.
+
+        Args:
+            transition: a ``TensorDict`` with batch size ``[]`` or a mapping of key -> value, each value
+                one row (tensor, NumPy array or Python number). An ``"index"`` key is ignored.
+
+        Raises:
+            SchemaError: keys, shapes or dtypes differ from the stored schema (nothing is stored).
+            InvalidArgumentError: a batched TensorDict (use :meth:`add_batch`) or a non-mapping.
+        """
+        if isinstance(transition, TensorDictBase):
+            if transition.batch_dims:
+                raise InvalidArgumentError(
+                    f"add() takes one transition (batch_size []), got batch_size {list(transition.batch_size)}: "
+                    "use add_batch() for several"
+                )
+        elif not isinstance(transition, Mapping):
+            require_mapping(transition, "add")
+        storage = self._storage
+        pointer = self.pointer
+        if storage.schema is None:
+            schema, values = Schema.infer(transition, batch_dims=0)
+            storage.initialize(schema, values)
+            pairs: list[tuple[Any, Any]] = [(schema.by_key[k], v) for k, v in values.items()]
+        else:
+            pairs, _ = storage.schema.check(transition, batch_dims=0)
+        storage.write(pointer, pairs)
+        self.pointer = pointer + 1 if pointer + 1 < self.buffer_size else 0
+        if self.data_size < self.buffer_size:
+            self.data_size += 1
+
+    def add_batch(self, batch: Transition) -> None:
+        """Store ``N`` transitions at slots ``pointer, pointer+1, ...`` (wrapping around).
+
+        Args:
+            batch: a ``TensorDict`` with batch size ``[N]`` or a mapping of key -> tensor/array with a
+                leading dimension ``N``. When ``N > buffer_size`` only the newest ``buffer_size`` rows are
+                kept (as if added one by one). An ``"index"`` key is ignored.
+
+        Raises:
+            SchemaError: keys, per-row shapes or dtypes differ from the stored schema, or keys disagree
+                on ``N`` (nothing is stored).
+            InvalidArgumentError: a TensorDict whose batch size is not 1-D, or a non-mapping.
+        """
+        if isinstance(batch, TensorDictBase):
+            if batch.batch_dims != 1:
+                raise InvalidArgumentError(
+                    f"add_batch() takes a TensorDict of batch_size [N], got {list(batch.batch_size)}"
+                )
+        else:
+            require_mapping(batch, "add_batch")
+        storage = self._storage
+        if storage.schema is None:
+            schema, values = Schema.infer(batch, batch_dims=1)
+            n = next(iter(values.values())).shape[0]
+            if n == 0:
+                return
+            storage.initialize(schema, {k: v[0] for k, v in values.items()})
+            pairs: list[tuple[Any, Any]] = [(schema.by_key[k], v) for k, v in values.items()]
+        else:
+            pairs, n = storage.schema.check(batch, batch_dims=1)
+            if n == 0:
+                return
+        capacity = self.buffer_size
+        kept = min(n, capacity)
+        start = (self.pointer + n - kept) % capacity
+        storage.write_rows(start, pairs, first=n - kept, n=kept)
+        self.pointer = (self.pointer + n) % capacity
+        self.data_size = min(self.data_size + n, capacity)
+
+    # ------------------------------------------------------------------ reads
+    def _require_rows(self) -> None:
+        if self.data_size == 0:
+            raise EmptyBufferError("cannot sample from an empty buffer: add transitions first")
+        if self._storage.schema is None:
+            raise EmptyBufferError(
+                f"the buffer counts {self.data_size} rows but holds no data: load() restored metadata only"
+            )
+
+    def _read(self, slots: torch.Tensor, keys: list[Key] | None = None, with_index: bool = True) -> TensorDict:
+        """Rows at ``slots`` (on the storing device) as a new TensorDict on ``self.device``."""
+        values = self._storage.gather(slots, keys)
+        if with_index:
+            values[INDEX_KEY] = slots
+        if self.device != self.storing_device:
+            values = {k: v.to(self.device, non_blocking=True) for k, v in values.items()}
+        return make_tensordict(values, slots.shape, self.device)
+
+    def _as_slots(self, indices: Slots) -> torch.Tensor:
+        """Validated int64 slot tensor on the storing device."""
+        if isinstance(indices, torch.Tensor):
+            slots = indices.to(device=self.storing_device, dtype=torch.int64)
+            if indices.is_floating_point() or indices.dtype == torch.bool:
+                raise InvalidArgumentError(f"indices must be integers, got a tensor of dtype {indices.dtype}")
+        else:
+            try:
+                slots = torch.as_tensor(
+                    indices if isinstance(indices, (Sequence, int)) else list(indices),
+                    dtype=torch.int64,
+                    device=self.storing_device,
+                )
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise InvalidArgumentError(
+                    f"indices must be ints, a range, a list or a tensor of ints: {exc}"
+                ) from None
+        slots = slots.reshape(-1)
+        if slots.numel():
+            low, high = int(slots.min()), int(slots.max())
+            if low < 0 or high >= self.data_size:
+                bad = low if low < 0 else high
+                raise SlotIndexError(f"index {bad} is out of range for a buffer of {self.data_size} rows")
+        return slots
+
+    def sample_batch(self, batch_size: int) -> TensorDict:
+        """``batch_size`` rows drawn uniformly with replacement (``batch_size > len`` is fine).
+
+        Returns:
+            TensorDict of batch size ``[batch_size]`` on ``device``, with ``"index"`` (slots).
+
+        Raises:
+            EmptyBufferError: the buffer holds no rows.
+            InvalidArgumentError: ``batch_size`` is not a positive int.
+        """
+        k = _positive_int(batch_size, "batch_size")
+        self._require_rows()
+        return self._read(uniform_slots(self.data_size, k, self.generator))
+
+    def sample_random(self, batch_size: int) -> TensorDict:
+        """Alias of :meth:`sample_batch` (ObjectRL's name)."""
+        return self.sample_batch(batch_size)
+
+    def sample_by_index(self, indices: Slots) -> TensorDict:
+        """Rows at storage slots ``indices`` (list, range, int or tensor), in that order.
+
+        Slots are physical ring positions: slot ``pointer - 1`` is the newest row.
+
+        Returns:
+            TensorDict of batch size ``[len(indices)]`` on ``device``, with ``"index"``.
+
+        Raises:
+            SlotIndexError: an index is negative or ``>= len(buffer)``.
+            EmptyBufferError: the buffer holds no data.
+        """
+        slots = self._as_slots(indices)
+        if slots.numel():
+            self._require_rows()
+        return self._read(slots)
+
+    def sample_by_index_fields(self, indices: Slots, fields: str | Key | Iterable[Key]) -> TensorDict:
+        """Only ``fields`` (a key or a list of keys) of the rows at ``indices``.
+
+        Returns:
+            TensorDict of batch size ``[len(indices)]`` on ``device`` with exactly those keys.
+
+        Raises:
+            SchemaError: a field is not a stored key. SlotIndexError: as :meth:`sample_by_index`.
+        """
+        keys: list[Key] = [fields] if isinstance(fields, (str, tuple)) else list(fields)
+        schema = self._storage.schema
+        slots = self._as_slots(indices)
+        self._require_rows()
+        assert schema is not None
+        for key in keys:
+            if key not in schema.by_key:
+                raise SchemaError(f"field {key!r} is not stored; stored keys: {[f.key for f in schema.fields]}")
+        return self._read(slots, keys, with_index=False)
+
+    def sample_all(self) -> TensorDict:
+        """Every stored row, oldest to newest (also after the ring wraps), with ``"index"`` (slots).
+
+        Raises:
+            EmptyBufferError: the buffer holds no data.
+        """
+        self._require_rows()
+        return self._read(chronological_slots(self.pointer, self.data_size, self.buffer_size, self.storing_device))
+
+    # ------------------------------------------------------------------ epochs and iterations
+    def calculate_num_batches(self, batch_size: int) -> int:
+        """Batches in one epoch: ``ceil(len / batch_size)``, counting the last partial one."""
+        return num_batches(self.data_size, _positive_int(batch_size, "batch_size"))
+
+    def create_epoch_iterator(
+        self, batch_size: int, n_epochs: int = 1, shuffle: bool | None = None
+    ) -> Iterator[TensorDict]:
+        """An iterator of ``n_epochs`` epochs over the rows stored now, stored in ``epoch_iterator``.
+
+        Each epoch yields ``ceil(N / batch_size)`` TensorDicts (the last one partial) covering every
+        one of the ``N`` rows exactly once: in slot order, or a fresh permutation per epoch when
+        ``shuffle`` (default: the buffer's ``shuffle``). Rows are read when each batch is yielded.
+
+        Raises:
+            InvalidArgumentError: ``batch_size`` or ``n_epochs`` is not a positive int.
+            EmptyBufferError: the buffer holds no data.
+        """
+        bs = _positive_int(batch_size, "batch_size")
+        epochs = _positive_int(n_epochs, "n_epochs")
+        self._require_rows()
+        self.epoch_iterator = self._epochs(self.data_size, bs, epochs, self.shuffle if shuffle is None else shuffle)
+        return self.epoch_iterator
+
+    def _epochs(self, size: int, batch_size: int, n_epochs: int, shuffle: bool) -> Iterator[TensorDict]:
+        generation = self._generation
+        for _ in range(n_epochs):
+            for slots in epoch_slots(size, batch_size, shuffle, self.generator):
+                if generation != self._generation:
+                    raise StaleIteratorError("the buffer was reset after this epoch iterator was created")
+                yield self._read(slots)
+
+    def get_steps_and_iterator(self, n_epochs: int, max_iter: int, batch_size: int, shuffle: bool | None = None) -> int:
+        """Prepare a learning phase; return how many gradient steps it has.
+
+        ``n_epochs > 0``: builds the epoch iterator and returns ``n_epochs * ceil(N / batch_size)``.
+        Otherwise sets ``epoch_iterator = None`` (random sampling) and returns ``max_iter``.
+        """
+        if n_epochs > 0:
+            self.create_epoch_iterator(batch_size, n_epochs, shuffle)
+            return n_epochs * self.calculate_num_batches(batch_size)
+        self.epoch_iterator = None
+        return max_iter
+
+    def get_next_batch(self, batch_size: int) -> TensorDict:
+        """The next batch of ``epoch_iterator``, or ``sample_batch(batch_size)`` when there is none.
+
+        Raises:
+            StopIteration: the epoch iterator is exhausted (as ObjectRL's buffer does).
+        """
+        if self.epoch_iterator is None:
+            return self.sample_batch(batch_size)
+        return next(self.epoch_iterator)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Atomically write ``buffer_size``, ``data_size``, ``pointer`` to ``path + ".metadata"``.
+
+        The file is a dict of ints readable by plain ``torch.load``, as ObjectRL's.
+
+        Raises:
+            CheckpointError: the file cannot be written (names the path; the old file is intact).
+        """
+        save_metadata(path, {"buffer_size": self.buffer_size, "data_size": self.data_size, "pointer": self.pointer})
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Restore ``buffer_size``, ``data_size``, ``pointer`` from ``path + ".metadata"``.
+
+        Only the counters are restored (ObjectRL's behaviour). A different saved ``buffer_size`` is
+        adopted when this buffer holds no data; otherwise it is refused.
+
+        Raises:
+            CheckpointNotFoundError, CheckpointError: missing, unreadable or inconsistent metadata, or a
+                capacity that does not fit the data held (the buffer is unchanged).
+        """
+        meta = load_metadata(path)
+        capacity = meta["buffer_size"]
+        if capacity != self.buffer_size:
+            if self._storage.schema is not None:
+                raise CheckpointError(
+                    f"'{os.fspath(path)}.metadata' has buffer_size {capacity} but this buffer holds data "
+                    f"with capacity {self.buffer_size}: reset() it or build a buffer of that size"
+                )
+            self.reset(capacity)
+        self.data_size = meta["data_size"]
+        self.pointer = meta["pointer"]

@@ -1,0 +1,46 @@
+"""Which slots to read: small pure functions over ring state (pointer, size, capacity).
+
+State lives in the buffer; these functions only compute index tensors from it, so each one is easy
+to test against a plain Python model of the ring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["num_batches", "uniform_slots", "chronological_slots", "epoch_slots"]
+
+
+def num_batches(n_rows: int, batch_size: int) -> int:
+    """``ceil(n_rows / batch_size)``: batches in one epoch, the last one possibly partial."""
+    return -(-n_rows // batch_size)
+
+
+def uniform_slots(size: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """``k`` slots drawn uniformly with replacement from ``[0, size)``, on the generator's device."""
+    return torch.randint(0, size, (k,), generator=generator, device=generator.device)
+
+
+def chronological_slots(pointer: int, size: int, capacity: int, device: torch.device) -> torch.Tensor:
+    """Slots of the ``size`` stored rows, oldest first.
+
+    Before the ring wraps (``size < capacity``) that is ``0 .. size-1``; after, the oldest row sits at
+    ``pointer`` (the next slot to be overwritten) and the newest at ``pointer - 1``.
+    """
+    start = (pointer - size) % capacity
+    slots = torch.arange(start, start + size, device=device)
+    return slots.remainder_(capacity) if start + size > capacity else slots
+
+
+def epoch_slots(size: int, batch_size: int, shuffle: bool, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """One epoch over ``[0, size)`` in batches of ``batch_size`` (the last one partial).
+
+    Without ``shuffle`` the order is slot order (ObjectRL's); with it a fresh permutation drawn from
+    ``generator`` when the epoch starts. Every slot appears exactly once.
+    """
+    device = generator.device
+    order = torch.randperm(size, generator=generator, device=device) if shuffle else torch.arange(size, device=device)
+    for start in range(0, size, batch_size):
+        yield order[start : start + batch_size]
