@@ -9,7 +9,6 @@ STAMP   = $(VENV)/.installed
 
 $(STAMP): pyproject.toml .ci/constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c .ci/constraints-cpu.txt torch
 	$(PY) -m pip install -q -c .ci/constraints-cpu.txt -e ".[examples,test]"
 	touch $(STAMP)

@@ -36,7 +36,9 @@ Slots: TypeAlias = Sequence[int] | range | torch.Tensor | int
 
 
 def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool):  # bool has __index__, but True as a size is a bug in the caller
+        raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+    if not isinstance(value, int):
         try:
             value = int(value.__index__())
         except (AttributeError, TypeError):
@@ -153,10 +155,8 @@ class ReplayBuffer:
         """
         new_size = self.buffer_size if buffer_size is None else _positive_int(buffer_size, "buffer_size")
         if new_size != self.buffer_size:
-            self._storage.close()
+            self._storage.resize(new_size)
             self.buffer_size = new_size
-            self._storage = TransitionStorage(new_size, self.storing_device, self.storage_dir)
-            self._memory = self._make_memory()
         else:
             self._storage.release()
         self.data_size = 0
@@ -334,6 +334,8 @@ class ReplayBuffer:
             SchemaError: a field is not a stored key. SlotIndexError: as :meth:`sample_by_index`.
         """
         keys: list[Key] = [fields] if isinstance(fields, (str, tuple)) else list(fields)
+        # ("reward",) is tensordict's spelling of "reward" (ObjectRL code passes 1-tuples).
+        keys = [k[0] if isinstance(k, tuple) and len(k) == 1 else k for k in keys]
         schema = self._storage.schema
         slots = self._as_slots(indices)
         self._require_rows()
@@ -373,11 +375,14 @@ class ReplayBuffer:
         bs = _positive_int(batch_size, "batch_size")
         epochs = _positive_int(n_epochs, "n_epochs")
         self._require_rows()
-        self.epoch_iterator = self._epochs(self.data_size, bs, epochs, self.shuffle if shuffle is None else shuffle)
+        shuffle = self.shuffle if shuffle is None else shuffle
+        # The generation is taken now, not at the first next(): a generator body runs lazily.
+        self.epoch_iterator = self._epochs(self._generation, self.data_size, bs, epochs, shuffle)
         return self.epoch_iterator
 
-    def _epochs(self, size: int, batch_size: int, n_epochs: int, shuffle: bool) -> Iterator[TensorDict]:
-        generation = self._generation
+    def _epochs(
+        self, generation: int, size: int, batch_size: int, n_epochs: int, shuffle: bool
+    ) -> Iterator[TensorDict]:
         for _ in range(n_epochs):
             for slots in epoch_slots(size, batch_size, shuffle, self.generator):
                 if generation != self._generation:

@@ -145,6 +145,8 @@ class Schema:
                     raise SchemaError(self._mismatch(field, f"a Python {type(value).__name__}"))
                 if isinstance(value, float) and not (field.dtype.is_floating_point or field.dtype.is_complex):
                     raise SchemaError(self._mismatch(field, "a Python float"))
+                if field.dtype == torch.bool and not isinstance(value, bool):  # same_kind: int -> bool is unsafe
+                    raise SchemaError(self._mismatch(field, f"a Python {type(value).__name__}"))
                 pairs.append((field, value))
                 continue
             if not isinstance(value, torch.Tensor):

@@ -100,6 +100,13 @@ class TransitionStorage:
         self.columns = {}
         self.schema = None
         storage = self.torchrl
+        stored = storage._storage
+        if isinstance(stored, TensorDictBase):
+            # A locked TensorDict caches key views that point back at it: a reference cycle that keeps
+            # every memmap mapped until the next cyclic GC. Erasing the caches lets refcounting free them now.
+            for td in [stored, *(v for v in stored.values(include_nested=True) if isinstance(v, TensorDictBase))]:
+                td._erase_cache()
+        del stored
         storage._storage = None
         storage.initialized = False
         storage._storage_keys = None
@@ -110,6 +117,16 @@ class TransitionStorage:
                     shutil.rmtree(entry.path, ignore_errors=True)
                 else:
                     os.unlink(entry.path)
+
+    def resize(self, capacity: int) -> None:
+        """Release the rows and take a new capacity, reusing the torchrl storage object and its folder.
+
+        A new torchrl storage per resize would leave the old one (and its multiprocessing counters and
+        semaphores) in a reference cycle until the next cyclic GC.
+        """
+        self.release()
+        self.capacity = capacity
+        self.torchrl.max_size = capacity
 
     def close(self) -> None:
         """Release the rows and remove the private folder. The storage is unusable afterwards."""
