@@ -67,15 +67,23 @@ class Field:
         return f"shape={tuple(self.shape)}, dtype={str(self.dtype).removeprefix('torch.')}"
 
 
-def _as_tensor(value: Any) -> torch.Tensor:
-    """A tensor for a NumPy array/scalar, Python number or nested list (tensors pass through)."""
+def _as_tensor(key: Key, value: Any) -> torch.Tensor:
+    """A tensor for a NumPy array/scalar, Python number or nested list (tensors pass through).
+
+    Raises :class:`SchemaError` naming ``key`` for values torch cannot hold (strings, ragged lists, ...).
+    """
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, float):
         return torch.tensor(value, dtype=torch.get_default_dtype())
     if isinstance(value, np.ndarray) and not value.flags.writeable:
         value = value.copy()  # torch.from_numpy refuses read-only arrays
-    return torch.as_tensor(value)
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise SchemaError(
+            f"key '{format_key(key)}': a {type(value).__name__} cannot be stored as a tensor ({exc})"
+        ) from None
 
 
 class Schema:
@@ -114,7 +122,7 @@ class Schema:
         values: dict[Key, torch.Tensor] = {}
         fields = []
         for key, value in leaves(data):
-            tensor = _as_tensor(value)
+            tensor = _as_tensor(key, value)
             if tensor.dim() < batch_dims:
                 raise SchemaError(f"key '{format_key(key)}': a batch needs a leading batch dimension, got a 0-d value")
             values[key] = tensor
@@ -150,7 +158,7 @@ class Schema:
                 pairs.append((field, value))
                 continue
             if not isinstance(value, torch.Tensor):
-                value = _as_tensor(value)
+                value = _as_tensor(key, value)
                 if value.dtype != field.dtype and not torch.can_cast(value.dtype, field.dtype):
                     raise SchemaError(self._mismatch(field, f"dtype {value.dtype} (cannot be cast safely)"))
             elif value.dtype != field.dtype:

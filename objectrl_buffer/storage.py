@@ -18,6 +18,7 @@ open files and bytes: the same torchrl storage object is reused, only its conten
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -88,7 +89,14 @@ class TransitionStorage:
     def initialize(self, schema: Schema, first_row: dict[Key, torch.Tensor]) -> None:
         """Allocate ``capacity`` rows of ``schema`` through torchrl, from one example row."""
         example = make_tensordict(first_row, torch.Size([]), None)
-        self.torchrl.set(0, example.to(self.device))
+        # torchrl logs an INFO line per allocation; PPO allocates twice per learn call, so keep it quiet.
+        torchrl_log = logging.getLogger("torchrl")
+        level = torchrl_log.level
+        torchrl_log.setLevel(max(level, logging.WARNING))
+        try:
+            self.torchrl.set(0, example.to(self.device))
+        finally:
+            torchrl_log.setLevel(level)
         stored = self.torchrl._storage
         assert isinstance(stored, TensorDictBase)
         # Plain-tensor views: indexing the MemoryMappedTensor subclass costs an extra dispatch per call.

@@ -173,3 +173,16 @@ def test_check_batch_errors(schema: Schema, changes: dict[str, Any], match: str)
 def test_check_ignores_index(schema: Schema) -> None:
     pairs, _ = schema.check({"x": torch.zeros(2), "n": 0, "done": False, "u8": [0, 0], "index": 7}, batch_dims=0)
     assert len(pairs) == 4
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_non_numeric_value_raises_schema_error_naming_the_key(first: bool) -> None:
+    from objectrl_buffer import ReplayBuffer
+
+    rb = ReplayBuffer("cpu", "cpu", 4)
+    if not first:
+        rb.add({"state": torch.zeros(2), "note": 1})
+    with pytest.raises(SchemaError, match="note"):
+        rb.add({"state": torch.zeros(2), "note": "abc"})
+    assert len(rb) == (0 if first else 1)
+    rb.close()
