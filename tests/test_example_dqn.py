@@ -1,0 +1,130 @@
+"""End-to-end checks of the main job, examples/dqn_cartpole.py.
+
+The quick tests run a few hundred env steps (seconds): the loop, the PNG, the buffer-time report, the
+metadata save and the resume of the global step count. The full default run (the >= 195 criterion) takes
+about a minute or more on 2 CPU cores and runs only with ``RUN_SLOW=1``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+pytest.importorskip("gymnasium")
+pytest.importorskip("matplotlib")
+pytest.importorskip("tqdm")
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "dqn_cartpole.py"
+
+
+@pytest.fixture(scope="module")
+def dqn() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dqn_cartpole", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dqn_cartpole"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("dqn_cartpole", None)
+
+
+def tiny(tmp_path: Path, *extra: str) -> list[str]:
+    """A run of seconds: small buffer and batches, a learn call every 50 env steps."""
+    return [
+        "--total-steps", "300", "--learning-starts", "100", "--learn-frequency", "50", "--max-iter", "4",
+        "--batch-size", "16", "--buffer-size", "1000", "--hidden", "16", "--no-progress",
+        "--storage-dir", str(tmp_path), *extra,
+    ]  # fmt: skip
+
+
+def test_runs_end_to_end_and_reports(dqn: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plot = tmp_path / "curve.png"
+    result = dqn.main(tiny(tmp_path, "--plot", str(plot)))
+    out = capsys.readouterr().out
+
+    assert isinstance(result, float) and math.isfinite(result)  # random CartPole episodes last ~20 steps
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "buffer time: " in out and "%" in out
+    assert "global steps 0 -> 300" in out
+    assert "gradient steps: 16" in out  # learn calls at global steps 149, 199, 249, 299; 4 each
+    assert out.strip().splitlines()[-1] == f"mean return over last 20 episodes: {result:.1f}"
+
+
+@pytest.mark.parametrize("plain_dict", [False, True], ids=["tensordict", "plain-dict"])
+def test_save_then_resume_from_metadata(
+    dqn: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str], plain_dict: bool
+) -> None:
+    flag = ["--plain-dict"] if plain_dict else []
+    first = tmp_path / "first"
+    dqn.main(tiny(tmp_path, "--plot", "", "--save", str(first), *flag))
+
+    meta = torch.load(f"{first}.metadata", weights_only=True)
+    assert (meta["buffer_size"], meta["data_size"], meta["pointer"]) == (1000, 300, 300)
+    agent = torch.load(f"{first}.agent.pt", weights_only=True)
+    assert agent["global_step"] == 300 and "q_network" in agent
+
+    second = tmp_path / "second"
+    capsys.readouterr()
+    dqn.main(tiny(tmp_path, "--plot", "", "--total-steps", "200", "--resume-metadata", str(first),
+                  "--save", str(second), *flag))  # fmt: skip
+    out = capsys.readouterr().out
+
+    assert "global steps 300 -> 500" in out
+    assert torch.load(f"{second}.agent.pt", weights_only=True)["global_step"] == 500
+    # The metadata holds counters, not rows: the resumed buffer refills from empty.
+    assert torch.load(f"{second}.metadata", weights_only=True)["data_size"] == 200
+
+
+def test_resume_restores_the_learner_and_the_episode_history(
+    dqn: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    result = dqn.main(tiny(tmp_path, "--plot", "", "--save", str(first)))
+
+    # Zero new steps: what is saved again is exactly what was restored.
+    again = dqn.main(tiny(tmp_path, "--plot", "", "--total-steps", "0", "--resume-metadata", str(first),
+                          "--save", str(second)))  # fmt: skip
+
+    assert again == result  # same last-20 episodes, carried over
+    saved, restored = (torch.load(f"{p}.agent.pt", weights_only=True) for p in (first, second))
+    assert saved["q_network"].keys() == restored["q_network"].keys()
+    for key, value in saved["q_network"].items():
+        assert torch.equal(value, restored["q_network"][key]), key
+    assert restored["episode_returns"] == saved["episode_returns"]
+    assert restored["global_step"] == saved["global_step"] == 300
+
+
+def test_resume_from_metadata_alone_counts_from_data_size(
+    dqn: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = tmp_path / "first"
+    dqn.main(tiny(tmp_path, "--plot", "", "--save", str(first)))
+    os.remove(f"{first}.agent.pt")
+    capsys.readouterr()
+
+    dqn.main(tiny(tmp_path, "--plot", "", "--total-steps", "100", "--resume-metadata", str(first)))
+
+    assert "global steps 300 -> 400" in capsys.readouterr().out
+
+
+def test_epoch_mode_learns_over_the_whole_buffer(
+    dqn: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # n_epochs=1: each learn call passes once over the N stored rows, ceil(N / 16) gradient steps.
+    dqn.main(tiny(tmp_path, "--plot", "", "--n-epochs", "1", "--total-steps", "200", "--loss", "mse", "--no-double"))
+
+    steps = sum(math.ceil(n / 16) for n in (150, 200))  # learn calls at global steps 149 and 199
+    assert f"gradient steps: {steps}" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="the full default run takes minutes: set RUN_SLOW=1")
+def test_default_run_solves_cartpole(dqn: ModuleType, tmp_path: Path) -> None:
+    assert dqn.main(["--no-progress", "--plot", str(tmp_path / "curve.png")]) >= dqn.SOLVED_RETURN
