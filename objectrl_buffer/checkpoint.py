@@ -10,9 +10,13 @@ A checkpoint at ``path`` is
 
 Crash safety comes from the order of a save: the new generation folder is written and fsynced
 completely, then the metadata file is atomically replaced (temp file, fsync, ``os.replace``, fsync of
-the folder) to name it, and only then are older generations deleted. A crash at any moment leaves the
-metadata naming either the complete old generation or the complete new one; half-written or
-unreferenced generations are removed by the next successful save. One writer per path at a time.
+the folder) to name it, and only then are older generations deleted (on a background thread that the
+interpreter waits for at exit, so ``save`` returns as soon as the new checkpoint is durable). A crash
+at any moment leaves the metadata naming either the complete old generation or the complete new one;
+half-written or unreferenced generations are removed by the next successful save.
+
+One writer per path at a time. A reader that races a writer of the same path may find the generation
+it was about to read deleted (:class:`CheckpointNotFoundError`); reading again gives the new one.
 
 Loading never unpickles objects and never writes into a checkpoint: rows are copied into the
 buffer's own storage, built beside the old one and swapped in only once everything has been read and

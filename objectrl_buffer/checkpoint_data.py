@@ -342,6 +342,7 @@ def read_manifest(folder: str, expected_crc32: int | None) -> Manifest:
     _require(len({c.field.key for c in columns}) == len(columns), where, "a key appears twice")
     _require(rows == 0 or bool(columns), where, f"{rows} rows but no columns")
     _require(isinstance(manifest.shuffle, bool) and type(manifest.generator_seed) is int, where, "bad sampling")
+    _require(isinstance(manifest.created, dict), where, "bad 'created'")
     for name in ("generator_device", "device", "storing_device"):
         _require(isinstance(getattr(manifest, name), str), where, f"bad {name}")
     for column in columns:

@@ -122,7 +122,8 @@ class _NoProgress:
 
 def interactive() -> bool:
     """Whether to show progress bars: stderr is a terminal and no ``CI`` variable is set."""
-    return sys.stderr.isatty() and not os.environ.get("CI")
+    stderr = sys.stderr
+    return stderr is not None and stderr.isatty() and not os.environ.get("CI")
 
 
 @contextmanager

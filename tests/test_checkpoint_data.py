@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 import torch
-from checkpoint_helpers import SPEC, assert_same, data_folder, fill, next_draws, rows, snapshot, tree
+from checkpoint_helpers import SPEC, assert_same, data_folder, edit_manifest, fill, next_draws, rows, snapshot, tree
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.checkpoint import verify_checkpoint, wait_for_cleanup
 from objectrl_buffer.checkpoint_data import DATA_FORMAT, DATA_FORMAT_VERSION
+from objectrl_buffer.checkpoint_io import interactive, progress_bar
 from objectrl_buffer.errors import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -241,11 +242,41 @@ def test_verify_false_skips_checksums_only(tmp_path: Path) -> None:
     assert int(rb.sample_by_index([0])["step"][0]) != 8 * 1000 + len("step")  # the damaged value, as asked
 
 
-def test_progress_bar_only_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_bar_only_when_interactive(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     rb = make(tmp_path, 8, 13)
     rb.save(tmp_path / "run", data=True)  # auto: stderr is not a terminal under pytest
     rb.load(tmp_path / "run")
     assert capsys.readouterr().err == ""
+    with progress_bar(10, "x", None) as bar:
+        assert not hasattr(bar, "n")  # the no-op
+    with progress_bar(10, "x", True) as bar:
+        assert type(bar).__name__ == "tqdm"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.delenv("CI", raising=False)
+    assert interactive()
+    monkeypatch.setenv("CI", "true")
+    assert not interactive()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback of a machine without CUDA")
+def test_checkpoint_from_a_cuda_machine_loads_on_cpu(tmp_path: Path) -> None:
+    """Saved with CUDA storage elsewhere: rows load onto cpu, the generator is re-seeded with the saved seed."""
+    path = tmp_path / "run"
+    original = make(tmp_path, 8, 13, seed=1234)
+    original.save(path, data=True)
+
+    def as_if_cuda(m: dict[str, Any]) -> None:
+        m["devices"] = {"device": "cuda:0", "storing_device": "cuda:0"}
+        m["sampling"]["generator"]["device"] = "cuda"
+
+    edit_manifest(path, as_if_cuda)
+    with pytest.warns(UserWarning, match="not available here: using cpu"):
+        rb = ReplayBuffer.from_checkpoint(path, storage_dir=tmp_path / "storage")
+    assert rb.device.type == rb.storing_device.type == "cpu"
+    assert rb.generator.initial_seed() == 1234
+    assert_same(snapshot(rb)["slots"], snapshot(original)["slots"])
 
 
 @pytest.mark.cuda

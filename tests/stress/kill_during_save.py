@@ -143,16 +143,14 @@ def run_kills(
         assert got[0] == child or got == last, f"kill {child}: a checkpoint of saver {got[0]} appeared from nowhere"
         stats["load gave the previous saver's checkpoint" if got == last else "load gave this saver's checkpoint"] += 1
         referenced = torch.load(path + ".metadata", weights_only=True)["data_dir"]
-        for name in set(generations) - seen - {referenced}:  # what this saver left half done
-            complete = os.path.exists(os.path.join(folder, name, "manifest.json"))
-            stats[
-                "killed with a complete data folder unreferenced (before the metadata switch, or in cleanup)"
-                if complete
-                else "killed while writing a data folder"
-            ] += 1
+        for name in set(generations) - seen - {referenced}:  # left unreferenced by this saver's kill
+            if os.path.exists(os.path.join(folder, name, "manifest.json")):
+                stats["left a complete unreferenced data folder (before the metadata switch, or cleanup pending)"] += 1
+            else:
+                stats["left a partial data folder (killed while writing it, or while removing an old one)"] += 1
         seen.update(generations)
         if temps:
-            stats["killed while writing the metadata file (temp file left)"] += 1
+            stats["left a metadata temp file (killed while writing the metadata)"] += 1
         if log is not None:
             print(f"kill {child + 1}/{kills}: checkpoint of saver {got[0]} with {got[1]} rows", file=log)
         last = got
