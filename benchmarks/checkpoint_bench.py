@@ -16,7 +16,9 @@ Run:  python benchmarks/checkpoint_bench.py --rows 1000000 --dir /tmp/ckpt-bench
 from __future__ import annotations
 
 import argparse
+import glob
 import os
+import random
 import shutil
 import statistics
 import tempfile
@@ -107,15 +109,18 @@ def main() -> None:
         path = os.path.join(work, "ckpt", "run")
         os.makedirs(os.path.dirname(path))
         times: dict[str, list[float]] = {"raw one file": [], "raw per column": [], "save(data=True)": []}
+        order = random.Random(0)
         for r in range(args.repeat):
-            for name, fn in (
+            runs = [
                 ("raw one file", lambda r=r: raw_write(columns, os.path.join(work, f"raw1-{r}"), False)),
                 ("raw per column", lambda r=r: raw_write(columns, os.path.join(work, f"rawc-{r}"), True)),
                 ("save(data=True)", lambda: rb.save(path, data=True, progress=False)),
-            ):
+            ]
+            order.shuffle(runs)  # no systematic advantage from going first or last
+            for name, fn in runs:
                 times[name].append(timed(fn))
-            shutil.rmtree(os.path.join(work, f"raw1-{r}"))
-            shutil.rmtree(os.path.join(work, f"rawc-{r}"))
+                for raw in glob.glob(os.path.join(work, "raw*")):
+                    shutil.rmtree(raw)
         target = ReplayBuffer("cpu", "cpu", args.rows, storage_dir=os.path.join(work, "storage2"))
         for verify in (True, False):
             for cold in (False, True):
@@ -126,14 +131,18 @@ def main() -> None:
                         evict(os.path.dirname(path))
                     times[name].append(timed(lambda v=verify: target.load(path, verify=v, progress=False)))
         assert torch.equal(target.sample_all()["state"], rb.sample_all()["state"])
-        print(f"{args.rows} rows, {nbytes / 1e6:.1f} MB of columns, median of {args.repeat} (min..max)")
+        print(f"{args.rows} rows, {nbytes / 1e6:.1f} MB of columns; {args.repeat} runs each: median (min..max)")
         base = statistics.median(times["raw one file"])
         for name, values in times.items():
             med = statistics.median(values)
             print(
-                f"  {name:28s} {med * 1e3:8.1f} ms  ({min(values) * 1e3:.1f}..{max(values) * 1e3:.1f})"
+                f"  {name:26s} {med * 1e3:7.1f} ms ({min(values) * 1e3:6.1f}..{max(values) * 1e3:6.1f})"
                 f"  {nbytes / med / 1e9:5.2f} GB/s  {med / base:5.2f}x raw one file"
             )
+        # Runs of one repeat are back to back: their ratio cancels slow phases of a shared machine.
+        for raw in ("raw one file", "raw per column"):
+            pairs = [s / r for s, r in zip(times["save(data=True)"], times[raw], strict=True)]
+            print(f"  save / {raw}, paired per repeat: median {statistics.median(pairs):.2f}x, min {min(pairs):.2f}x")
         rb.close()
         target.close()
     finally:

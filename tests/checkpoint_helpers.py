@@ -7,6 +7,7 @@ holds and in which slots.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import zlib
 from collections.abc import Callable
@@ -140,3 +141,22 @@ def tree(folder: str | os.PathLike[str]) -> dict[str, bytes]:
             with open(full, "rb") as f:
                 out[os.path.relpath(full, folder)] = f.read()
     return out
+
+
+def version(storage: str, v: int) -> ReplayBuffer:
+    """Buffer contents number ``v``: 13 rows for v=0, 19 for v=1 (other rows, other pointer).
+
+    Three columns (float32, bool, int64): every step of a save repeats per column, so three cover the
+    first, a middle and the last one with a third of the crash points that all nine keys would take.
+    """
+    rb = ReplayBuffer("cpu", "cpu", 16, seed=v, shuffle=bool(v), storage_dir=storage)
+    rb.add_batch(rows(100 * v, 13 + 6 * v, {k: SPEC[k] for k in ("state", "terminated", "step")}))
+    return rb
+
+
+def forkserver() -> Any:
+    """A forkserver context whose server has imported torch and the test modules once: a child costs no import."""
+    ctx = multiprocessing.get_context("forkserver")
+    preload = ["objectrl_buffer", "checkpoint_helpers", "kill_during_save", "test_crash_safety", "test_crash_points"]
+    ctx.set_forkserver_preload(preload)
+    return ctx
