@@ -37,15 +37,9 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from objectrl_buffer.checkpoint_data import (
-    BufferState,
-    Manifest,
-    read_columns,
-    read_manifest,
-    verify_columns,
-    write_data_folder,
-)
+from objectrl_buffer.checkpoint_data import BufferState, read_columns, read_manifest, verify_columns, write_data_folder
 from objectrl_buffer.checkpoint_io import atomic_write, fsync_path, remove_in_background, wait_for_cleanup
+from objectrl_buffer.checkpoint_manifest import Manifest
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 from objectrl_buffer.schema import Schema
 from objectrl_buffer.storage import TransitionStorage

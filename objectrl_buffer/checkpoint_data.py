@@ -5,7 +5,7 @@ Layout of ``<path>.data-<16 hex digits>/`` (data format version 1)::
     000-state.bin      column 0: the rows of storage slots 0 .. data_size-1, C order, native byte order
     001-action.bin     (recorded in the manifest, little-endian on every platform we know), no header
     ...
-    manifest.json      written last: what the folder holds (see :func:`write_data_folder`)
+    manifest.json      written last: what the folder holds (see :mod:`~objectrl_buffer.checkpoint_manifest`)
 
 Rows are stored in **slot order** (file row ``i`` is storage slot ``i``), so a load puts every row back
 in its slot, ``pointer`` needs no remapping, and the restored generator draws the same slots as the
@@ -16,56 +16,37 @@ the manifest. Checksums are zlib crc32 (per file; the manifest's own crc32 lives
 crc32 runs at ~2.3 GB/s on a 2-core VM against ~0.7 GB/s for blake2b and ~1.1 GB/s for sha256, which
 keeps a save within ~1.5x of a raw write + fsync; it detects corruption, it is not tamper-proofing.
 
-Memory: columns are written from and read into the storage in slices of :data:`CHUNK_BYTES`, so
-saving or loading a buffer of many GB needs one chunk of extra RAM at most (none for CPU storage,
-whose memmap slices are passed to ``os.write``/``readinto`` directly).
+Memory: columns are written from and read into the storage in slices of :data:`CHUNK_BYTES` (64 MiB),
+so saving or loading a buffer of many GB needs at most two chunks of extra RAM (none for CPU storage,
+whose memmap slices go to ``os.write``/``readinto`` directly; storage on an accelerator is staged
+through host chunks).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import os
-import platform
-import re
-import socket
-import sys
 import zlib
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from importlib import metadata as importlib_metadata
-from typing import Any
 
 import torch
 
 from objectrl_buffer.checkpoint_io import Crc32, Progress, fsync_path, progress_bar, readinto_exact, write_all
+from objectrl_buffer.checkpoint_manifest import (
+    MANIFEST,
+    Column,
+    Manifest,
+    column_file_name,
+    manifest_bytes,
+    parse_manifest,
+)
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
-from objectrl_buffer.schema import INDEX_KEY, Field, Key, Schema, format_key
+from objectrl_buffer.schema import Key, Schema, format_key
 
-__all__ = [
-    "DATA_FORMAT",
-    "DATA_FORMAT_VERSION",
-    "MANIFEST",
-    "CHUNK_BYTES",
-    "BufferState",
-    "Column",
-    "Manifest",
-    "write_data_folder",
-    "read_manifest",
-    "read_columns",
-    "verify_columns",
-]
+__all__ = ["CHUNK_BYTES", "BufferState", "write_data_folder", "read_manifest", "read_columns", "verify_columns"]
 
-DATA_FORMAT = "objectrl_buffer.data"
-DATA_FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 CHUNK_BYTES = 64 << 20
-
-_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
-_FILE_NAME = re.compile(r"[0-9]{3,}-[A-Za-z0-9_.-]{0,64}\.bin")
 
 
 @dataclass(frozen=True)
@@ -88,42 +69,6 @@ class BufferState:
     storage_dir: str | os.PathLike[str] | None
 
 
-@dataclass(frozen=True)
-class Column:
-    """One column file as the manifest describes it."""
-
-    field: Field
-    file: str
-    nbytes: int
-    crc32: int
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """A validated ``manifest.json``: ring state, schema, files, sampling state, creation info."""
-
-    buffer_size: int
-    data_size: int
-    pointer: int
-    columns: tuple[Column, ...]
-    shuffle: bool
-    generator_device: str
-    generator_seed: int
-    generator_state: bytes
-    device: str
-    storing_device: str
-    created: dict[str, Any]
-    format_version: int
-
-    @property
-    def schema(self) -> Schema | None:
-        return Schema([c.field for c in self.columns]) if self.columns else None
-
-    @property
-    def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.columns)
-
-
 # ---------------------------------------------------------------------------------------------- helpers
 def _byte_view(column: torch.Tensor, rows: int) -> torch.Tensor:
     """The first ``rows`` rows of a storage column as a flat uint8 view (no copy; any dtype, any device)."""
@@ -131,30 +76,6 @@ def _byte_view(column: torch.Tensor, rows: int) -> torch.Tensor:
     if not head.is_contiguous():
         raise CheckpointError(f"storage column of shape {tuple(column.shape)} is not contiguous")
     return head.reshape(-1).view(torch.uint8)
-
-
-def _creation_info() -> dict[str, Any]:
-    def version(dist: str) -> str:
-        try:
-            return importlib_metadata.version(dist)
-        except importlib_metadata.PackageNotFoundError:
-            return "unknown"
-
-    return {
-        "library": "objectrl_buffer",
-        "library_version": version("objectrl_buffer"),
-        "torch": torch.__version__,
-        "tensordict": version("tensordict"),
-        "torchrl": version("torchrl"),
-        "python": platform.python_version(),
-        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-    }
-
-
-def _file_name(index: int, key: Key) -> str:
-    readable = re.sub(r"[^A-Za-z0-9_.-]", "_", format_key(key))[:64]
-    return f"{index:03d}-{readable}.bin"
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -168,7 +89,7 @@ def write_data_folder(folder: str, state: BufferState, progress: bool | None = N
     """
     rows = state.data_size
     fields = state.schema.fields if state.schema is not None and rows else ()
-    written: list[tuple[Field, str, int, Crc32]] = []
+    written: list[tuple[Column, Crc32]] = []
     fds: list[int] = []
     staging: torch.Tensor | None = None
     try:
@@ -179,7 +100,7 @@ def write_data_folder(folder: str, state: BufferState, progress: bool | None = N
         ):
             syncs = []
             for index, field in enumerate(fields):
-                name = _file_name(index, field.key)
+                name = column_file_name(index, field.key)
                 flat = _byte_view(state.columns[field.key], rows)
                 crc = Crc32(crc_pool)
                 fds.append(os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
@@ -188,7 +109,8 @@ def write_data_folder(folder: str, state: BufferState, progress: bool | None = N
                     on_host = chunk.device.type == "cpu"
                     if not on_host:  # one host staging chunk, reused: wait for its checksum below
                         if staging is None:
-                            staging = torch.empty(min(CHUNK_BYTES, flat.numel()), dtype=torch.uint8)
+                            largest = max(rows * f.row_bytes for f in fields)
+                            staging = torch.empty(min(CHUNK_BYTES, largest), dtype=torch.uint8)
                         chunk = staging[: chunk.numel()].copy_(chunk)
                     view = chunk.numpy().data
                     summed = crc.add(view)
@@ -197,32 +119,15 @@ def write_data_folder(folder: str, state: BufferState, progress: bool | None = N
                         summed.result()
                     bar.update(len(view))
                 syncs.append(sync_pool.submit(os.fsync, fds[-1]))
-                written.append((field, name, flat.numel(), crc))
+                written.append((Column(field, name, flat.numel(), 0), crc))
             for sync in syncs:
                 sync.result()
-            columns = [_column_entry(field, name, nbytes, crc.value()) for field, name, nbytes, crc in written]
+            columns = [Column(c.field, c.file, c.nbytes, crc.value()) for c, crc in written]
     finally:
         for fd in fds:
             os.close(fd)
-    generator = state.generator
-    manifest = {
-        "format": DATA_FORMAT,
-        "format_version": DATA_FORMAT_VERSION,
-        "created": _creation_info(),
-        "byteorder": sys.byteorder,
-        "ring": {"buffer_size": state.buffer_size, "data_size": rows, "pointer": state.pointer},
-        "columns": columns,
-        "sampling": {
-            "shuffle": bool(state.shuffle),
-            "generator": {
-                "device": generator.device.type,
-                "initial_seed": int(generator.initial_seed()),
-                "state": base64.b64encode(generator.get_state().numpy().tobytes()).decode("ascii"),
-            },
-        },
-        "devices": {"device": str(state.device), "storing_device": str(state.storing_device)},
-    }
-    payload = json.dumps(manifest, indent=1).encode("utf-8")
+    ring = (state.buffer_size, rows, state.pointer)
+    payload = manifest_bytes(columns, ring, state.shuffle, state.generator, state.device, state.storing_device)
     fd = os.open(os.path.join(folder, MANIFEST), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         write_all(fd, memoryview(payload))
@@ -233,46 +138,7 @@ def write_data_folder(folder: str, state: BufferState, progress: bool | None = N
     return zlib.crc32(payload)
 
 
-def _column_entry(field: Field, name: str, nbytes: int, crc: int) -> dict[str, Any]:
-    return {
-        "key": [field.key] if isinstance(field.key, str) else list(field.key),
-        "shape": list(field.shape),
-        "dtype": str(field.dtype).removeprefix("torch."),
-        "file": name,
-        "bytes": nbytes,
-        "crc32": f"{crc:08x}",
-    }
-
-
 # ---------------------------------------------------------------------------------------------- reading
-def _require(condition: bool, where: str, problem: str) -> None:
-    if not condition:
-        raise CheckpointError(f"'{where}' is not a valid manifest: {problem}")
-
-
-def _int(value: Any) -> bool:
-    return type(value) is int and value >= 0
-
-
-def _parse_column(raw: Any, rows: int, where: str) -> Column:
-    _require(isinstance(raw, dict), where, f"a column entry is {type(raw).__name__}, expected an object")
-    key, shape, dtype_name, name = raw.get("key"), raw.get("shape"), raw.get("dtype"), raw.get("file")
-    _require(
-        isinstance(key, list) and bool(key) and all(isinstance(p, str) and p for p in key) and key != [INDEX_KEY],
-        where,
-        f"bad column key {key!r}",
-    )
-    _require(isinstance(shape, list) and all(_int(s) for s in shape), where, f"bad shape {shape!r} of {key}")
-    _require(dtype_name in _DTYPES, where, f"unknown dtype {dtype_name!r} of {key}")
-    _require(isinstance(name, str) and _FILE_NAME.fullmatch(name) is not None, where, f"bad file name {name!r}")
-    field = Field(key[0] if len(key) == 1 else tuple(key), torch.Size(shape), _DTYPES[dtype_name])
-    nbytes = raw.get("bytes")
-    _require(nbytes == rows * field.row_bytes, where, f"column {key} records {nbytes} bytes for {rows} rows")
-    crc = raw.get("crc32")
-    _require(isinstance(crc, str) and re.fullmatch(r"[0-9a-f]{8}", crc) is not None, where, f"bad crc32 {crc!r}")
-    return Column(field, name, rows * field.row_bytes, int(crc, 16))
-
-
 def read_manifest(folder: str, expected_crc32: int | None) -> Manifest:
     """Read and validate ``folder/manifest.json`` (and that every column file exists with its size).
 
@@ -297,55 +163,8 @@ def read_manifest(folder: str, expected_crc32: int | None) -> Manifest:
         raise CheckpointError(f"cannot read '{where}': {exc.strerror or exc}") from exc
     if expected_crc32 is not None and zlib.crc32(payload) != expected_crc32:
         raise CheckpointError(f"'{where}' is corrupted: its crc32 differs from the one recorded in the metadata")
-    try:
-        raw = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"'{where}' is not valid JSON: {exc}") from None
-    _require(isinstance(raw, dict) and raw.get("format") == DATA_FORMAT, where, f"'format' is not {DATA_FORMAT!r}")
-    version = raw.get("format_version")
-    _require(_int(version), where, f"bad format_version {version!r}")
-    if version > DATA_FORMAT_VERSION:
-        raise CheckpointError(
-            f"'{where}' has data format version {version}; this objectrl_buffer reads up to "
-            f"{DATA_FORMAT_VERSION}: upgrade objectrl_buffer"
-        )
-    if raw.get("byteorder") != sys.byteorder:
-        raise CheckpointError(
-            f"'{where}' was written on a {raw.get('byteorder')}-endian machine, this is {sys.byteorder}"
-        )
-    try:
-        ring, sampling, devices = raw["ring"], raw["sampling"], raw["devices"]
-        capacity, rows, pointer = ring["buffer_size"], ring["data_size"], ring["pointer"]
-        gen = sampling["generator"]
-        columns = tuple(_parse_column(c, rows, where) for c in raw["columns"])
-        manifest = Manifest(
-            capacity,
-            rows,
-            pointer,
-            columns,
-            sampling["shuffle"],
-            gen["device"],
-            gen["initial_seed"],
-            base64.b64decode(gen["state"], validate=True),
-            devices["device"],
-            devices["storing_device"],
-            raw.get("created", {}),
-            version,
-        )
-    except (KeyError, TypeError) as exc:
-        raise CheckpointError(f"'{where}' is not a valid manifest: missing or malformed {exc}") from None
-    except (binascii.Error, ValueError) as exc:
-        raise CheckpointError(f"'{where}' is not a valid manifest: bad generator state ({exc})") from None
-    _require(all(_int(v) for v in (capacity, rows, pointer)), where, "ring values must be ints >= 0")
-    _require(capacity > 0 and rows <= capacity and pointer < capacity, where, f"bad ring state {ring}")
-    _require(rows == capacity or pointer == rows, where, f"bad ring state {ring}")
-    _require(len({c.field.key for c in columns}) == len(columns), where, "a key appears twice")
-    _require(rows == 0 or bool(columns), where, f"{rows} rows but no columns")
-    _require(isinstance(manifest.shuffle, bool) and type(manifest.generator_seed) is int, where, "bad sampling")
-    _require(isinstance(manifest.created, dict), where, "bad 'created'")
-    for name in ("generator_device", "device", "storing_device"):
-        _require(isinstance(getattr(manifest, name), str), where, f"bad {name}")
-    for column in columns:
+    manifest = parse_manifest(payload, where)
+    for column in manifest.columns:
         path = os.path.join(folder, column.file)
         try:
             size = os.stat(path).st_size
@@ -418,8 +237,8 @@ def read_columns(
 ) -> None:
     """Copy the rows of every column file into ``columns`` (storage tensors ``[capacity, *shape]``, any device).
 
-    Reads in chunks straight into the storage (CPU) or through one staging chunk (other devices); the
-    checkpoint files are only read, never mapped writable. Raises :class:`CheckpointError` on a
+    Reads in chunks straight into the storage (CPU) or through two host chunks (other devices); the
+    checkpoint files are only read, never mapped. Raises :class:`CheckpointError` on a
     checksum mismatch (when ``verify``) or a read error; ``columns`` may then hold partial data.
     """
     with progress_bar(manifest.nbytes, f"loading {folder}", progress) as bar:
@@ -427,6 +246,6 @@ def read_columns(
 
 
 def verify_columns(folder: str, manifest: Manifest, progress: bool | None = None) -> None:
-    """Re-check the crc32 of every column file (chunked, one chunk of RAM); raise CheckpointError if one differs."""
+    """Re-check the crc32 of every column file (two chunks of RAM); raise CheckpointError if one differs."""
     with progress_bar(manifest.nbytes, f"verifying {folder}", progress) as bar:
         _copy_columns(folder, manifest, None, True, bar)

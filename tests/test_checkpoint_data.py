@@ -16,8 +16,8 @@ from checkpoint_helpers import SPEC, assert_same, data_folder, edit_manifest, fi
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.checkpoint import verify_checkpoint, wait_for_cleanup
-from objectrl_buffer.checkpoint_data import DATA_FORMAT, DATA_FORMAT_VERSION
 from objectrl_buffer.checkpoint_io import interactive, progress_bar
+from objectrl_buffer.checkpoint_manifest import DATA_FORMAT, DATA_FORMAT_VERSION
 from objectrl_buffer.errors import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
