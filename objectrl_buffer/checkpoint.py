@@ -1,64 +1,76 @@
-"""Persistence: the ``<path>.metadata`` file ObjectRL runners checkpoint, written atomically.
+"""Persistence: the ``<path>.metadata`` file ObjectRL runners checkpoint, and optionally the whole buffer.
 
-The metadata file stays readable by plain ``torch.load`` (``weights_only=True``): a dict of plain
-ints and strings with at least ``buffer_size``, ``data_size`` and ``pointer``, as ObjectRL writes it.
-Loading never unpickles arbitrary objects.
+A checkpoint at ``path`` is
+
+* ``<path>.metadata``: readable by plain ``torch.load`` (``weights_only=True``), a dict of plain ints and
+  strings with at least ``buffer_size``, ``data_size`` and ``pointer``, as ObjectRL writes it. A full
+  save adds ``data_dir`` (the name of the data folder beside it) and ``data_manifest_crc32``.
+* with ``data=True`` only: ``<path>.data-<16 hex digits>/``, one folder per save ("generation"), laid
+  out as :mod:`objectrl_buffer.checkpoint_data` describes.
+
+Crash safety comes from the order of a save: the new generation folder is written and fsynced
+completely, then the metadata file is atomically replaced (temp file, fsync, ``os.replace``, fsync of
+the folder) to name it, and only then are older generations deleted (on a background thread that the
+interpreter waits for at exit, so ``save`` returns as soon as the new checkpoint is durable). A crash
+at any moment leaves the metadata naming either the complete old generation or the complete new one;
+half-written or unreferenced generations are removed by the next successful save.
+
+One writer per path at a time. A reader that races a writer of the same path may find the generation
+it was about to read deleted (:class:`CheckpointNotFoundError`); reading again gives the new one.
+
+Loading never unpickles objects and never writes into a checkpoint: rows are copied into the
+buffer's own storage, built beside the old one and swapped in only once everything has been read and
+checked, so a failed load leaves the buffer as it was.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import tempfile
+import re
+import secrets
+import shutil
+import warnings
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import torch
 
+from objectrl_buffer.checkpoint_data import BufferState, read_columns, read_manifest, verify_columns, write_data_folder
+from objectrl_buffer.checkpoint_io import atomic_write, fsync_path, remove_in_background, wait_for_cleanup
+from objectrl_buffer.checkpoint_manifest import Manifest
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
+from objectrl_buffer.schema import Schema
+from objectrl_buffer.storage import TransitionStorage
 
-__all__ = ["METADATA_SUFFIX", "FORMAT", "metadata_path", "atomic_write", "save_metadata", "load_metadata", "check_ring"]
+__all__ = [
+    "METADATA_SUFFIX",
+    "FORMAT",
+    "metadata_path",
+    "atomic_write",
+    "save_metadata",
+    "load_metadata",
+    "check_ring",
+    "Checkpoint",
+    "Restored",
+    "open_checkpoint",
+    "save_checkpoint",
+    "load_checkpoint",
+    "verify_checkpoint",
+    "build_from_checkpoint",
+    "wait_for_cleanup",
+]
 
 METADATA_SUFFIX = ".metadata"
 FORMAT = "objectrl_buffer"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of the metadata dict; the data folder carries its own (checkpoint_data.DATA_FORMAT_VERSION)
+_GENERATION = r"\.data-[0-9a-f]{16}"
 
 
 def metadata_path(path: str | os.PathLike[str]) -> str:
     """``path + ".metadata"`` for a ``str`` or ``os.PathLike`` path."""
     return os.fspath(path) + METADATA_SUFFIX
-
-
-def _fsync_dir(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(target: str, write: Callable[[BinaryIO], None]) -> None:
-    """Write ``target`` via a temp file in its folder, fsync, ``os.replace``, fsync of the folder.
-
-    A crash at any moment leaves either the old ``target`` or the new one, never a partial file.
-    ``OSError`` is wrapped in :class:`CheckpointError` naming ``target``.
-    """
-    folder = os.path.dirname(os.path.abspath(target))
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".", suffix=".tmp", dir=folder)
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-        tmp = None
-        _fsync_dir(folder)
-    except OSError as exc:
-        raise CheckpointError(f"cannot write checkpoint file '{target}': {exc.strerror or exc}") from exc
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def check_ring(meta: dict[str, Any], where: str) -> tuple[int, int, int]:
@@ -87,12 +99,12 @@ def save_metadata(path: str | os.PathLike[str], meta: dict[str, Any]) -> str:
 
 
 def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read ``path + ".metadata"`` without unpickling objects; check its ring state.
+    """Read ``path + ".metadata"`` without unpickling objects; check its ring state and data reference.
 
     Raises:
         CheckpointNotFoundError: the file does not exist.
         CheckpointError: it is not a metadata dict (corrupt, truncated, a pickled object, a folder,
-            a format version from the future, an inconsistent ring state).
+            a format version from the future, an inconsistent ring state, a bad ``data_dir``).
     """
     source = metadata_path(path)
     if not os.path.exists(source):
@@ -115,4 +127,263 @@ def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"'{source}' has format version {version}; this objectrl_buffer reads up to {FORMAT_VERSION}: upgrade it"
         )
     check_ring(meta, source)
+    if "data_dir" in meta:
+        base = os.path.basename(source)[: -len(METADATA_SUFFIX)]
+        data_dir, crc = meta["data_dir"], meta.get("data_manifest_crc32")
+        # Only a generation folder of this very checkpoint, never a path elsewhere on the disk.
+        if not isinstance(data_dir, str) or not re.fullmatch(re.escape(base) + _GENERATION, data_dir):
+            raise CheckpointError(f"'{source}': data_dir {data_dir!r} is not a data folder of this checkpoint")
+        if type(crc) is not int:
+            raise CheckpointError(f"'{source}': data_manifest_crc32 must be an int, got {crc!r}")
     return meta
+
+
+# ---------------------------------------------------------------------------------------------- full checkpoints
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint whose metadata and manifest have been read and validated (data not read yet)."""
+
+    metadata_file: str
+    meta: dict[str, Any]
+    data_folder: str | None  # None: metadata only (ObjectRL's save)
+    manifest: Manifest | None
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a load hands the buffer to adopt; ``storage is None`` means counters only (metadata-only)."""
+
+    buffer_size: int
+    data_size: int
+    pointer: int
+    storage: TransitionStorage | None = None
+    generator_state: torch.Tensor | None = None  # set_state() on the buffer's generator
+    generator_seed: int | None = None  # manual_seed() instead, when the state is for another device type
+    shuffle: bool | None = None
+
+
+class Checkpointable(Protocol):
+    def _checkpoint_state(self) -> BufferState: ...
+
+    def _restore_checkpoint(self, restored: Restored) -> None: ...
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Read and validate ``<path>.metadata`` and, for a full checkpoint, its manifest and file sizes.
+
+    Raises:
+        CheckpointNotFoundError: the metadata file, the data folder or a file in it is missing.
+        CheckpointError: anything else that is wrong (see :func:`load_metadata`, :func:`read_manifest`).
+    """
+    meta = load_metadata(path)
+    source = metadata_path(path)
+    if "data_dir" not in meta:
+        return Checkpoint(source, meta, None, None)
+    folder = os.path.join(os.path.dirname(os.path.abspath(source)), meta["data_dir"])
+    manifest = read_manifest(folder, meta["data_manifest_crc32"])
+    saved = (manifest.buffer_size, manifest.data_size, manifest.pointer)
+    if saved != check_ring(meta, source):
+        raise CheckpointError(
+            f"'{source}' and '{folder}' disagree on the ring state: {check_ring(meta, source)} vs {saved}"
+        )
+    return Checkpoint(source, meta, folder, manifest)
+
+
+def _check_destination(target: str) -> str:
+    """The folder ``target`` goes into; raise if it is missing, a file, or ``target`` is a folder."""
+    folder = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(folder):
+        ancestor = folder
+        while not os.path.exists(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        if not os.path.isdir(ancestor):
+            raise CheckpointError(f"cannot save '{target}': '{ancestor}' is a file, expected a folder")
+        raise CheckpointNotFoundError(f"cannot save '{target}': the folder '{folder}' does not exist")
+    if os.path.isdir(target):
+        raise CheckpointError(f"cannot save '{target}': it is a folder, expected a metadata file")
+    return folder
+
+
+def _remove_stale(folder: str, base: str, keep: str | None) -> None:
+    """Remove this checkpoint's generation folders other than ``keep`` (in the background) and leftover temp files.
+
+    Best effort: the new checkpoint is complete already, whatever happens here.
+    """
+    generation = re.compile(re.escape(base) + _GENERATION)
+    temp = re.compile(re.escape(base + METADATA_SUFFIX) + r"\.[A-Za-z0-9_]+\.tmp")
+    stale = []
+    try:
+        for entry in os.scandir(folder):
+            if entry.name != keep and generation.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                stale.append(entry.path)
+            elif temp.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+    except OSError:
+        pass
+    remove_in_background(stale)
+
+
+def _referenced(path: str | os.PathLike[str]) -> str | None:
+    try:
+        return load_metadata(path).get("data_dir")
+    except CheckpointError:
+        return None
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str], state: BufferState, data: bool = False, progress: bool | None = None
+) -> str:
+    """Save the counters of ``state`` (and with ``data`` everything else) at ``path``; return the metadata file.
+
+    Raises:
+        CheckpointNotFoundError: the folder of ``path`` does not exist.
+        CheckpointError: the destination is a file/folder of the wrong kind, is read-only, the disk
+            fills up, or the buffer counts rows it does not hold (metadata-only load). The previous
+            checkpoint at ``path`` is then intact, and no new files are left behind.
+    """
+    target = metadata_path(path)
+    folder = _check_destination(target)
+    base = os.path.basename(target)[: -len(METADATA_SUFFIX)]
+    meta: dict[str, Any] = {"buffer_size": state.buffer_size, "data_size": state.data_size, "pointer": state.pointer}
+    name = None
+    if data:
+        if state.schema is None and state.data_size:
+            raise CheckpointError(
+                f"cannot save the data of '{target}': the buffer counts {state.data_size} rows but holds none "
+                "(its counters came from a metadata-only load); use save(path, data=False)"
+            )
+        name = f"{base}.data-{secrets.token_hex(8)}"
+        generation = os.path.join(folder, name)
+        try:
+            os.mkdir(generation)
+            meta["data_manifest_crc32"] = write_data_folder(generation, state, progress)
+            fsync_path(folder)  # the new folder's entry is durable before any metadata names it
+        except BaseException as exc:
+            shutil.rmtree(generation, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise CheckpointError(
+                    f"cannot save the data of '{target}' into '{generation}': {exc.strerror or exc}; "
+                    "the previous checkpoint is intact"
+                ) from exc
+            raise
+        meta["data_dir"] = name
+    try:
+        save_metadata(path, meta)
+    except BaseException:
+        if name is not None and _referenced(path) != name:
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+        raise
+    _remove_stale(folder, base, keep=name)
+    return target
+
+
+def _layout(schema: Schema | None) -> dict[Any, tuple[torch.Size, torch.dtype]]:
+    return {} if schema is None else {f.key: (f.shape, f.dtype) for f in schema.fields}
+
+
+def load_checkpoint(
+    buffer: Checkpointable, path: str | os.PathLike[str], verify: bool = True, progress: bool | None = None
+) -> None:
+    """Validate the checkpoint at ``path``, read it into new storage, then let ``buffer`` adopt it.
+
+    Capacity and schema: a buffer that holds rows only loads a checkpoint of its own ``buffer_size``
+    and (for a full checkpoint) its own keys/shapes/dtypes; an empty buffer adopts whatever was saved.
+
+    Raises:
+        CheckpointNotFoundError, CheckpointError: see :func:`open_checkpoint`; also a capacity or schema
+            that does not fit, or a checksum mismatch (when ``verify``). ``buffer`` is then unchanged.
+    """
+    ckpt = open_checkpoint(path)
+    state = buffer._checkpoint_state()
+    capacity, size, pointer = check_ring(ckpt.meta, ckpt.metadata_file)
+    holds_rows = state.schema is not None
+    if holds_rows and capacity != state.buffer_size:
+        raise CheckpointError(
+            f"'{ckpt.metadata_file}' has buffer_size {capacity} but this buffer holds data with capacity "
+            f"{state.buffer_size}: reset() it, or use ReplayBuffer.from_checkpoint()"
+        )
+    manifest = ckpt.manifest
+    if manifest is None or ckpt.data_folder is None:
+        buffer._restore_checkpoint(Restored(capacity, size, pointer))
+        return
+    if holds_rows and manifest.schema is not None and _layout(manifest.schema) != _layout(state.schema):
+        raise CheckpointError(
+            f"'{ckpt.data_folder}' holds {manifest.schema!r} but this buffer holds data of {state.schema!r}: "
+            "reset() it first, or use ReplayBuffer.from_checkpoint()"
+        )
+    generator_state = None
+    if manifest.generator_device == state.storing_device.type:
+        generator_state = torch.frombuffer(bytearray(manifest.generator_state), dtype=torch.uint8)
+        try:
+            torch.Generator(device=state.storing_device).set_state(generator_state)
+        except RuntimeError as exc:
+            raise CheckpointError(f"'{ckpt.data_folder}' holds an invalid generator state: {exc}") from None
+    storage = None
+    try:
+        storage = TransitionStorage(capacity, state.storing_device, state.storage_dir)
+        schema = manifest.schema
+        if schema is not None:
+            storage.initialize(schema, {f.key: torch.zeros(f.shape, dtype=f.dtype) for f in schema.fields})
+            read_columns(ckpt.data_folder, manifest, storage.columns, verify, progress)
+    except BaseException as exc:
+        if storage is not None:
+            storage.close()
+        if isinstance(exc, (OSError, RuntimeError)) and not isinstance(exc, CheckpointError):
+            raise CheckpointError(
+                f"cannot load '{ckpt.data_folder}' into new storage on {state.storing_device}: {exc}"
+            ) from exc
+        raise
+    seed = None if generator_state is not None else manifest.generator_seed
+    buffer._restore_checkpoint(Restored(capacity, size, pointer, storage, generator_state, seed, manifest.shuffle))
+
+
+def verify_checkpoint(path: str | os.PathLike[str], progress: bool | None = None) -> Checkpoint:
+    """Re-check everything of the checkpoint at ``path``, every checksum included; return it if intact.
+
+    Raises:
+        CheckpointNotFoundError, CheckpointError: what is missing or damaged, naming the file.
+    """
+    ckpt = open_checkpoint(path)
+    if ckpt.manifest is not None and ckpt.data_folder is not None:
+        verify_columns(ckpt.data_folder, ckpt.manifest, progress)
+    return ckpt
+
+
+def _usable(name: str, what: str, source: str) -> str:
+    """``name`` if tensors can be made on that device here, else ``"cpu"`` (with a warning)."""
+    try:
+        torch.empty(0, device=torch.device(name))
+        return name
+    except Exception:  # an unavailable backend raises RuntimeError, AssertionError, ...
+        warnings.warn(f"'{source}' was saved with {what}={name}, not available here: using cpu", stacklevel=3)
+        return "cpu"
+
+
+B = TypeVar("B")
+
+
+def build_from_checkpoint(
+    make: Callable[[torch.device | str, torch.device | str, int], B],
+    load: Callable[[B], None],
+    close: Callable[[B], None],
+    path: str | os.PathLike[str],
+    device: torch.device | str | None,
+    storing_device: torch.device | str | None,
+) -> B:
+    """``make(device, storing_device, buffer_size)`` sized from the checkpoint, then ``load`` it (``close`` on failure).
+
+    ``None`` devices default to those recorded at save time when available here, else ``"cpu"``.
+    """
+    ckpt = open_checkpoint(path)
+    saved = ckpt.manifest
+    if device is None:
+        device = _usable(saved.device, "device", ckpt.metadata_file) if saved else "cpu"
+    if storing_device is None:
+        storing_device = _usable(saved.storing_device, "storing_device", ckpt.metadata_file) if saved else "cpu"
+    buffer = make(device, storing_device, ckpt.meta["buffer_size"])
+    try:
+        load(buffer)
+    except BaseException:
+        close(buffer)
+        raise
+    return buffer

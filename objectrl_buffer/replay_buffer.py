@@ -16,9 +16,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import RandomSampler, RoundRobinWriter, TensorDictReplayBuffer
 
-from objectrl_buffer.checkpoint import load_metadata, save_metadata
+from objectrl_buffer.checkpoint import Restored, build_from_checkpoint, load_checkpoint, save_checkpoint
+from objectrl_buffer.checkpoint_data import BufferState
 from objectrl_buffer.errors import (
-    CheckpointError,
     EmptyBufferError,
     InvalidArgumentError,
     SchemaError,
@@ -412,34 +412,105 @@ class ReplayBuffer:
         return next(self.epoch_iterator)
 
     # ------------------------------------------------------------------ persistence
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Atomically write ``buffer_size``, ``data_size``, ``pointer`` to ``path + ".metadata"``.
+    def save(self, path: str | os.PathLike[str], data: bool = False, *, progress: bool | None = None) -> None:
+        """Save a checkpoint at ``path``; crash-safe (see :mod:`objectrl_buffer.checkpoint`).
 
-        The file is a dict of ints readable by plain ``torch.load``, as ObjectRL's.
-
-        Raises:
-            CheckpointError: the file cannot be written (names the path; the old file is intact).
-        """
-        save_metadata(path, {"buffer_size": self.buffer_size, "data_size": self.data_size, "pointer": self.pointer})
-
-    def load(self, path: str | os.PathLike[str]) -> None:
-        """Restore ``buffer_size``, ``data_size``, ``pointer`` from ``path + ".metadata"``.
-
-        Only the counters are restored (ObjectRL's behaviour). A different saved ``buffer_size`` is
-        adopted when this buffer holds no data; otherwise it is refused.
+        ``data=False`` (ObjectRL's behaviour) writes only ``path + ".metadata"``: a dict of ints
+        (``buffer_size``, ``data_size``, ``pointer``) readable by plain ``torch.load``. ``data=True``
+        also writes every row, the schema, the generator state and ``shuffle`` into a data folder
+        ``path + ".data-<id>"`` (raw column files, JSON manifest, crc32 checksums), in chunks, with
+        no pickle. ``progress``: a tqdm bar (``None``: only when stderr is a terminal and not in CI).
 
         Raises:
-            CheckpointNotFoundError, CheckpointError: missing, unreadable or inconsistent metadata, or a
-                capacity that does not fit the data held (the buffer is unchanged).
+            CheckpointError: the destination cannot be written (a file where a folder is expected or
+                the reverse, read-only, disk full, ...), naming the path; the previous checkpoint at
+                ``path`` stays intact and loadable. CheckpointNotFoundError: the folder does not exist.
         """
-        meta = load_metadata(path)
-        capacity = meta["buffer_size"]
-        if capacity != self.buffer_size:
-            if self._storage.schema is not None:
-                raise CheckpointError(
-                    f"'{os.fspath(path)}.metadata' has buffer_size {capacity} but this buffer holds data "
-                    f"with capacity {self.buffer_size}: reset() it or build a buffer of that size"
-                )
-            self.reset(capacity)
-        self.data_size = meta["data_size"]
-        self.pointer = meta["pointer"]
+        save_checkpoint(path, self._checkpoint_state(), data=data, progress=progress)
+
+    def load(self, path: str | os.PathLike[str], *, verify: bool = True, progress: bool | None = None) -> None:
+        """Restore what ``save(path, ...)`` wrote.
+
+        A metadata-only checkpoint restores ``buffer_size``, ``data_size``, ``pointer`` (ObjectRL's
+        behaviour). A full checkpoint restores every row at its slot, the ring state, the schema, the
+        generator state (same next samples; on a storing device of another type the generator is
+        re-seeded with the saved seed instead) and ``shuffle``, onto this buffer's storing device.
+        ``verify`` checks every crc32 checksum (``False`` skips that read-time cost).
+
+        A buffer holding rows only loads a checkpoint of the same ``buffer_size`` (and schema); an
+        empty buffer adopts the saved capacity and schema.
+
+        Raises:
+            CheckpointNotFoundError, CheckpointError: missing, damaged or unsupported checkpoint, or
+                a capacity/schema that does not fit; the buffer is then unchanged.
+        """
+        load_checkpoint(self, path, verify=verify, progress=progress)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | os.PathLike[str],
+        device: torch.device | str | None = None,
+        storing_device: torch.device | str | None = None,
+        *,
+        verify: bool = True,
+        progress: bool | None = None,
+        **kwargs: Any,
+    ) -> ReplayBuffer:
+        """A new buffer of the saved capacity holding the checkpoint at ``path``.
+
+        ``device``/``storing_device`` default to those recorded at save time when available here,
+        else ``"cpu"``. ``kwargs`` go to the constructor (``seed`` is overridden by a saved generator
+        state; an explicit ``shuffle`` wins over the saved one).
+
+        Raises:
+            CheckpointNotFoundError, CheckpointError: as :meth:`load`.
+        """
+        buffer = build_from_checkpoint(
+            lambda d, s, n: cls(d, s, n, **kwargs),
+            lambda b: b.load(path, verify=verify, progress=progress),
+            lambda b: b.close(),
+            path,
+            device,
+            storing_device,
+        )
+        if "shuffle" in kwargs:
+            buffer.shuffle = kwargs["shuffle"]
+        return buffer
+
+    # ------------------------------------------------------------------ checkpoint hooks
+    def _checkpoint_state(self) -> BufferState:
+        """References to everything a checkpoint holds (nothing is copied)."""
+        return BufferState(
+            buffer_size=self.buffer_size,
+            data_size=self.data_size,
+            pointer=self.pointer,
+            schema=self._storage.schema,
+            columns=self._storage.columns,
+            generator=self.generator,
+            shuffle=self.shuffle,
+            device=self.device,
+            storing_device=self.storing_device,
+            storage_dir=self.storage_dir,
+        )
+
+    def _restore_checkpoint(self, restored: Restored) -> None:
+        """Adopt a checkpoint that :func:`~objectrl_buffer.checkpoint.load_checkpoint` has fully read and checked."""
+        if restored.storage is None:  # metadata only: counters over the rows held, as ObjectRL
+            if restored.buffer_size != self.buffer_size:
+                self.reset(restored.buffer_size)
+        else:
+            old, self._storage = self._storage, restored.storage
+            self.buffer_size = restored.buffer_size
+            self._memory = self._make_memory()
+            self._generation += 1  # epoch iterators over the old rows are stale
+            self.epoch_iterator = None
+            old.close()
+        if restored.generator_state is not None:
+            self.generator.set_state(restored.generator_state)
+        elif restored.generator_seed is not None:
+            self.generator.manual_seed(restored.generator_seed)
+        if restored.shuffle is not None:
+            self.shuffle = restored.shuffle
+        self.data_size = restored.data_size
+        self.pointer = restored.pointer

@@ -1,0 +1,177 @@
+"""Low-level file I/O for checkpoints: durable writes, exact reads, overlapped checksums, progress, cleanup.
+
+Why threads: a save is three kinds of work that need not wait for each other: copying bytes into the
+page cache (``os.write``), flushing them to the disk (``fsync``, which waits on the device), and the
+crc32 checksum (CPU). ``os.write``, ``os.fsync`` and ``zlib.crc32`` on large buffers all release the
+GIL, so running the fsync of one file and the checksums beside the writes of the next brings a save
+close to a single raw write + fsync of the same bytes (measured in ``benchmarks/checkpoint_bench.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, BinaryIO, Protocol
+
+from objectrl_buffer.errors import CheckpointError
+
+__all__ = [
+    "fsync_path",
+    "atomic_write",
+    "write_all",
+    "readinto_exact",
+    "Crc32",
+    "interactive",
+    "progress_bar",
+    "remove_in_background",
+    "wait_for_cleanup",
+]
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file or a folder by name (a folder's fsync makes its new entries durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(target: str, write: Callable[[BinaryIO], None]) -> None:
+    """Write ``target`` via a temp file in its folder, fsync, ``os.replace``, fsync of the folder.
+
+    A crash at any moment leaves either the old ``target`` or the new one, never a partial file.
+    ``OSError`` is wrapped in :class:`CheckpointError` naming ``target``.
+    """
+    folder = os.path.dirname(os.path.abspath(target))
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        tmp = None
+        fsync_path(folder)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write checkpoint file '{target}': {exc.strerror or exc}") from exc
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_all(fd: int, data: memoryview) -> None:
+    """``os.write`` until every byte is written (a single write may be partial)."""
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
+
+
+def readinto_exact(f: Any, target: memoryview, source: str) -> None:
+    """Fill ``target`` from the raw file ``f``; raise CheckpointError if the file ends first."""
+    while target:
+        n = f.readinto(target)
+        if not n:
+            raise CheckpointError(f"'{source}' is truncated: it ended before the size its manifest records")
+        target = target[n:]
+
+
+class Crc32:
+    """A crc32 over chunks fed in order, computed on a worker thread so the caller can move on.
+
+    ``add(view)`` queues a chunk and returns a future that is done once that chunk is summed (the
+    caller must not change the chunk before); :meth:`value` waits for every chunk and returns the crc.
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self._pool = pool
+        self._crc = 0
+        self._last: Future[None] | None = None
+
+    def _update(self, view: memoryview, previous: Future[None] | None) -> None:
+        if previous is not None:
+            previous.result()  # chunks are combined strictly in order, whatever the pool's size
+        self._crc = zlib.crc32(view, self._crc)
+
+    def add(self, view: memoryview) -> Future[None]:
+        self._last = self._pool.submit(self._update, view, self._last)
+        return self._last
+
+    def value(self) -> int:
+        if self._last is not None:
+            self._last.result()
+        return self._crc
+
+
+class Progress(Protocol):
+    def update(self, n: int) -> object: ...
+
+
+class _NoProgress:
+    def update(self, n: int) -> None:
+        pass
+
+
+def interactive() -> bool:
+    """Whether to show progress bars: stderr is a terminal and no ``CI`` variable is set."""
+    stderr = sys.stderr
+    return stderr is not None and stderr.isatty() and not os.environ.get("CI")
+
+
+@contextmanager
+def progress_bar(total: int, desc: str, enabled: bool | None) -> Iterator[Progress]:
+    """A tqdm bar over ``total`` bytes (``enabled=None``: only when :func:`interactive`), else a no-op.
+
+    The bar appears only after half a second, so quick saves stay silent.
+    """
+    if enabled is None:
+        enabled = interactive()
+    try:
+        from tqdm import tqdm  # optional: in the "examples" extra, not a runtime dependency
+    except ImportError:
+        enabled = False
+    if not enabled:
+        yield _NoProgress()
+        return
+    with tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, delay=0.5, leave=False) as bar:
+        yield bar
+
+
+_cleanup_lock = threading.Lock()
+_cleanups: list[threading.Thread] = []
+
+
+def remove_in_background(folders: list[str]) -> None:
+    """Delete ``folders`` on a (non-daemon) thread: the caller does not wait, the interpreter does at exit.
+
+    Used for superseded checkpoint generations once the new one is durable. If the process dies first,
+    the next save removes what is left.
+    """
+    if not folders:
+        return
+
+    def remove() -> None:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    thread = threading.Thread(target=remove, name="objectrl_buffer-cleanup")
+    with _cleanup_lock:
+        _cleanups[:] = [t for t in _cleanups if t.is_alive()]
+        _cleanups.append(thread)
+    thread.start()
+
+
+def wait_for_cleanup(timeout: float | None = None) -> None:
+    """Wait until every background removal started so far has finished."""
+    with _cleanup_lock:
+        threads = list(_cleanups)
+    for thread in threads:
+        thread.join(timeout)

@@ -1,0 +1,248 @@
+"""``manifest.json``: what a checkpoint's data folder holds, written as JSON and validated on the way back.
+
+Data format version 1. Example (a MuJoCo buffer, abridged)::
+
+    {
+     "format": "objectrl_buffer.data",
+     "format_version": 1,
+     "created": {"library": "objectrl_buffer", "library_version": "0.1.0", "torch": "2.13.0+cpu",
+                 "tensordict": "0.14.3", "torchrl": "0.14.1", "python": "3.11.7",
+                 "time": "2026-11-21T12:05:29+00:00", "host": "vm"},
+     "byteorder": "little",
+     "ring": {"buffer_size": 1000000, "data_size": 1000000, "pointer": 123},
+     "columns": [{"key": ["state"], "shape": [17], "dtype": "float32", "file": "000-state.bin",
+                  "bytes": 68000000, "crc32": "9d92974a"}, ...],
+     "sampling": {"shuffle": false,
+                  "generator": {"device": "cpu", "initial_seed": 0, "state": "<base64 of get_state()>"}},
+     "devices": {"device": "cuda:0", "storing_device": "cpu"}
+    }
+
+``key`` is the list of a (possibly nested) tensordict key's parts; ``dtype`` a torch dtype name;
+``bytes`` is always ``data_size * prod(shape) * itemsize``. Readers refuse a newer ``format_version``
+and ignore keys they do not know, so later versions may add keys without breaking older readers.
+Parsing never executes anything: ``json.loads``, then type and range checks of every field.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import platform
+import re
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+import torch
+
+from objectrl_buffer.errors import CheckpointError
+from objectrl_buffer.schema import INDEX_KEY, Field, Key, Schema, format_key
+
+__all__ = [
+    "DATA_FORMAT",
+    "DATA_FORMAT_VERSION",
+    "MANIFEST",
+    "Column",
+    "Manifest",
+    "column_file_name",
+    "manifest_bytes",
+    "parse_manifest",
+]
+
+DATA_FORMAT = "objectrl_buffer.data"
+DATA_FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+_FILE_NAME = re.compile(r"[0-9]{3,}-[A-Za-z0-9_.-]{0,64}\.bin")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column file as the manifest describes it."""
+
+    field: Field
+    file: str
+    nbytes: int
+    crc32: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated ``manifest.json``: ring state, columns, sampling state, devices, creation info."""
+
+    buffer_size: int
+    data_size: int
+    pointer: int
+    columns: tuple[Column, ...]
+    shuffle: bool
+    generator_device: str
+    generator_seed: int
+    generator_state: bytes
+    device: str
+    storing_device: str
+    created: dict[str, Any]
+    format_version: int
+
+    @property
+    def schema(self) -> Schema | None:
+        """The stored fields in file order (``None`` for a checkpoint of an empty buffer)."""
+        return Schema([c.field for c in self.columns]) if self.columns else None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all column files together."""
+        return sum(c.nbytes for c in self.columns)
+
+
+def column_file_name(index: int, key: Key) -> str:
+    """``"003-next_state.bin"``: the column's position, then its key made file-name safe (for humans)."""
+    readable = re.sub(r"[^A-Za-z0-9_.-]", "_", format_key(key))[:64]
+    return f"{index:03d}-{readable}.bin"
+
+
+def _creation_info() -> dict[str, Any]:
+    def version(dist: str) -> str:
+        try:
+            return importlib_metadata.version(dist)
+        except importlib_metadata.PackageNotFoundError:
+            return "unknown"
+
+    return {
+        "library": "objectrl_buffer",
+        "library_version": version("objectrl_buffer"),
+        "torch": torch.__version__,
+        "tensordict": version("tensordict"),
+        "torchrl": version("torchrl"),
+        "python": platform.python_version(),
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+    }
+
+
+def manifest_bytes(
+    columns: list[Column],
+    ring: tuple[int, int, int],
+    shuffle: bool,
+    generator: torch.Generator,
+    device: torch.device,
+    storing_device: torch.device,
+) -> bytes:
+    """The manifest of a data folder holding ``columns``, as UTF-8 JSON. ``ring``: (buffer_size, data_size, pointer)."""
+    manifest = {
+        "format": DATA_FORMAT,
+        "format_version": DATA_FORMAT_VERSION,
+        "created": _creation_info(),
+        "byteorder": sys.byteorder,
+        "ring": dict(zip(("buffer_size", "data_size", "pointer"), ring, strict=True)),
+        "columns": [
+            {
+                "key": [c.field.key] if isinstance(c.field.key, str) else list(c.field.key),
+                "shape": list(c.field.shape),
+                "dtype": str(c.field.dtype).removeprefix("torch."),
+                "file": c.file,
+                "bytes": c.nbytes,
+                "crc32": f"{c.crc32:08x}",
+            }
+            for c in columns
+        ],
+        "sampling": {
+            "shuffle": bool(shuffle),
+            "generator": {
+                "device": generator.device.type,
+                "initial_seed": int(generator.initial_seed()),
+                "state": base64.b64encode(generator.get_state().numpy().tobytes()).decode("ascii"),
+            },
+        },
+        "devices": {"device": str(device), "storing_device": str(storing_device)},
+    }
+    return json.dumps(manifest, indent=1).encode("utf-8")
+
+
+def _require(condition: bool, where: str, problem: str) -> None:
+    if not condition:
+        raise CheckpointError(f"'{where}' is not a valid manifest: {problem}")
+
+
+def _int(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _parse_column(raw: Any, rows: int, where: str) -> Column:
+    _require(isinstance(raw, dict), where, f"a column entry is {type(raw).__name__}, expected an object")
+    key, shape, dtype_name, name = raw.get("key"), raw.get("shape"), raw.get("dtype"), raw.get("file")
+    _require(
+        isinstance(key, list) and bool(key) and all(isinstance(p, str) and p for p in key) and key != [INDEX_KEY],
+        where,
+        f"bad column key {key!r}",
+    )
+    _require(isinstance(shape, list) and all(_int(s) for s in shape), where, f"bad shape {shape!r} of {key}")
+    _require(dtype_name in _DTYPES, where, f"unknown dtype {dtype_name!r} of {key}")
+    _require(isinstance(name, str) and _FILE_NAME.fullmatch(name) is not None, where, f"bad file name {name!r}")
+    field = Field(key[0] if len(key) == 1 else tuple(key), torch.Size(shape), _DTYPES[dtype_name])
+    nbytes = raw.get("bytes")
+    _require(nbytes == rows * field.row_bytes, where, f"column {key} records {nbytes} bytes for {rows} rows")
+    crc = raw.get("crc32")
+    _require(isinstance(crc, str) and re.fullmatch(r"[0-9a-f]{8}", crc) is not None, where, f"bad crc32 {crc!r}")
+    return Column(field, name, rows * field.row_bytes, int(crc, 16))
+
+
+def parse_manifest(payload: bytes, where: str) -> Manifest:
+    """Validate the bytes of a manifest file (``where`` names it in errors).
+
+    Raises:
+        CheckpointError: not JSON, a field missing or of the wrong type or range, a data format version
+            newer than this library reads, or written on a machine of the other byte order.
+    """
+    try:
+        raw = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"'{where}' is not valid JSON: {exc}") from None
+    _require(isinstance(raw, dict) and raw.get("format") == DATA_FORMAT, where, f"'format' is not {DATA_FORMAT!r}")
+    version = raw.get("format_version")
+    _require(_int(version), where, f"bad format_version {version!r}")
+    if version > DATA_FORMAT_VERSION:
+        raise CheckpointError(
+            f"'{where}' has data format version {version}; this objectrl_buffer reads up to "
+            f"{DATA_FORMAT_VERSION}: upgrade objectrl_buffer"
+        )
+    if raw.get("byteorder") != sys.byteorder:
+        raise CheckpointError(
+            f"'{where}' was written on a {raw.get('byteorder')}-endian machine, this is {sys.byteorder}"
+        )
+    try:
+        ring, sampling, devices, gen = raw["ring"], raw["sampling"], raw["devices"], raw["sampling"]["generator"]
+        capacity, rows, pointer = ring["buffer_size"], ring["data_size"], ring["pointer"]
+        _require(all(_int(v) for v in (capacity, rows, pointer)), where, "ring values must be ints >= 0")
+        _require(capacity > 0 and rows <= capacity and pointer < capacity, where, f"bad ring state {ring}")
+        _require(rows == capacity or pointer == rows, where, f"bad ring state {ring}")
+        manifest = Manifest(
+            capacity,
+            rows,
+            pointer,
+            tuple(_parse_column(c, rows, where) for c in raw["columns"]),
+            sampling["shuffle"],
+            gen["device"],
+            gen["initial_seed"],
+            base64.b64decode(gen["state"], validate=True),
+            devices["device"],
+            devices["storing_device"],
+            raw.get("created", {}),
+            version,
+        )
+    except (KeyError, TypeError) as exc:
+        raise CheckpointError(f"'{where}' is not a valid manifest: missing or malformed {exc}") from None
+    except (binascii.Error, ValueError) as exc:
+        raise CheckpointError(f"'{where}' is not a valid manifest: bad generator state ({exc})") from None
+    keys = [c.field.key for c in manifest.columns]
+    _require(len(set(keys)) == len(keys), where, "a key appears twice")
+    _require(rows == 0 or bool(keys), where, f"{rows} rows but no columns")
+    _require(isinstance(manifest.shuffle, bool) and type(manifest.generator_seed) is int, where, "bad sampling")
+    _require(isinstance(manifest.created, dict), where, "bad 'created'")
+    for name in ("generator_device", "device", "storing_device"):
+        _require(isinstance(getattr(manifest, name), str), where, f"bad {name}")
+    return manifest

@@ -1,0 +1,149 @@
+"""``objectrl-buffer``: look into buffer checkpoints from the shell.
+
+    objectrl-buffer inspect PATH [--json]   capacity, size, pointer, schema, format, creation info
+    objectrl-buffer verify PATH             re-check every checksum: exit 0 if intact, 1 with the reason
+
+``PATH`` is what was given to ``ReplayBuffer.save`` (the ``.metadata`` file's name is accepted too).
+``inspect`` reads the metadata and the manifest only (and checks file sizes); ``verify`` reads every byte.
+Exit codes: 0 fine, 1 the checkpoint is missing or damaged (the reason goes to stderr), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from objectrl_buffer.checkpoint import METADATA_SUFFIX, Checkpoint, open_checkpoint, verify_checkpoint
+from objectrl_buffer.errors import CheckpointError
+from objectrl_buffer.schema import format_key
+
+__all__ = ["main", "describe"]
+
+
+def _resolve(path: str) -> str:
+    """Accept ``run`` and ``run.metadata`` alike."""
+    if path.endswith(METADATA_SUFFIX) and not os.path.exists(path + METADATA_SUFFIX):
+        return path[: -len(METADATA_SUFFIX)]
+    return path
+
+
+def describe(ckpt: Checkpoint, path: str) -> dict[str, Any]:
+    """What ``inspect --json`` prints: plain JSON types only."""
+    meta, manifest = ckpt.meta, ckpt.manifest
+    info: dict[str, Any] = {
+        "path": path,
+        "metadata_file": ckpt.metadata_file,
+        "format": meta.get("format", "objectrl (no format key)"),
+        "format_version": meta.get("format_version", 0),
+        "capacity": meta["buffer_size"],
+        "size": meta["data_size"],
+        "pointer": meta["pointer"],
+        "data_folder": ckpt.data_folder,
+    }
+    if manifest is None:
+        return info
+    schema: list[dict[str, Any]] = [
+        {
+            "key": format_key(c.field.key),
+            "shape": list(c.field.shape),
+            "dtype": str(c.field.dtype).removeprefix("torch."),
+            "row_bytes": c.field.row_bytes,
+            "bytes": c.nbytes,
+            "file": c.file,
+            "crc32": f"{c.crc32:08x}",
+        }
+        for c in manifest.columns
+    ]
+    info.update(
+        data_format_version=manifest.format_version,
+        schema=schema,
+        row_bytes=sum(c.field.row_bytes for c in manifest.columns),
+        data_bytes=manifest.nbytes,
+        shuffle=manifest.shuffle,
+        generator={"device": manifest.generator_device, "initial_seed": manifest.generator_seed},
+        devices={"device": manifest.device, "storing_device": manifest.storing_device},
+        created=manifest.created,
+    )
+    return info
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    raise AssertionError
+
+
+def _print_human(info: dict[str, Any]) -> None:
+    line = "{:<12}{}".format
+    print(line("checkpoint", info["path"]))
+    print(line("metadata", f"{info['metadata_file']} (format {info['format']} v{info['format_version']})"))
+    print(line("capacity", info["capacity"]))
+    print(line("size", info["size"]))
+    print(line("pointer", info["pointer"]))
+    if info["data_folder"] is None:
+        print(line("data", "none: a metadata-only checkpoint (counters, no rows)"))
+        return
+    print(line("data", f"{info['data_folder']} (format v{info['data_format_version']}, {_bytes(info['data_bytes'])})"))
+    print(line("schema", f"{len(info['schema'])} keys, {info['row_bytes']} bytes per row"))
+    rows: list[tuple[str, ...]] = [("key", "shape", "dtype", "bytes/row", "bytes")]
+    rows += [
+        (c["key"], str(tuple(c["shape"])), c["dtype"], str(c["row_bytes"]), str(c["bytes"])) for c in info["schema"]
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print(
+            "  "
+            + "  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths, strict=True)))
+        )
+    gen = info["generator"]
+    print(
+        line(
+            "sampling", f"shuffle={info['shuffle']}, generator on {gen['device']} (initial seed {gen['initial_seed']})"
+        )
+    )
+    print(line("devices", ", ".join(f"{k}={v}" for k, v in info["devices"].items())))
+    created = dict(info["created"])
+    when, host = created.pop("time", "?"), created.pop("host", "?")
+    library = f"{created.pop('library', '?')} {created.pop('library_version', '')}".strip()
+    versions = ", ".join(f"{k} {v}" for k, v in created.items())
+    print(line("created", f"{when} on {host} by {library} ({versions})"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``objectrl-buffer`` console script; returns the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="objectrl-buffer", description="Inspect and verify objectrl_buffer checkpoints."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    inspect = commands.add_parser("inspect", help="print capacity, size, pointer, schema, format and creation info")
+    inspect.add_argument("path", help="the checkpoint path given to ReplayBuffer.save (or its .metadata file)")
+    inspect.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    verify = commands.add_parser("verify", help="re-check every checksum; exit 0 if intact, 1 if not")
+    verify.add_argument("path", help="the checkpoint path given to ReplayBuffer.save (or its .metadata file)")
+    args = parser.parse_args(argv)
+    path = _resolve(args.path)
+    try:
+        if args.command == "inspect":
+            info = describe(open_checkpoint(path), path)
+            if args.json:
+                print(json.dumps(info, indent=1))
+            else:
+                _print_human(info)
+            return 0
+        ckpt = verify_checkpoint(path)
+    except CheckpointError as exc:
+        print(f"objectrl-buffer {args.command}: FAILED: {exc}", file=sys.stderr)
+        return 1
+    if ckpt.manifest is None:
+        print(f"OK: {ckpt.metadata_file} is a valid metadata-only checkpoint (no data to check)")
+    else:
+        print(
+            f"OK: {path}: {ckpt.manifest.data_size} rows, {len(ckpt.manifest.columns)} column files, "
+            f"{_bytes(ckpt.manifest.nbytes)}, every crc32 matches"
+        )
+    return 0

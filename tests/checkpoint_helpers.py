@@ -1,0 +1,162 @@
+"""Shared by the checkpoint tests: ObjectRL-like transitions with every dtype, and buffer snapshots.
+
+Every row's values are a function of its row number, so a test can tell exactly which rows a buffer
+holds and in which slots.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from objectrl_buffer import ReplayBuffer
+
+# What ObjectRL transitions carry (state/action/next_state float32, reward as a Python float ->
+# float32, terminated/truncated bool, step int) plus Atari-style uint8 frames and a float64 value.
+SPEC: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+    "state": ((4,), torch.float32),
+    "action": ((2,), torch.float32),
+    "reward": ((), torch.float32),
+    "next_state": ((4,), torch.float32),
+    "terminated": ((), torch.bool),
+    "truncated": ((), torch.bool),
+    "step": ((), torch.int64),
+    "frame": ((3, 5, 5), torch.uint8),
+    "value": ((), torch.float64),
+}
+
+
+def rows(first: int, n: int, spec: dict[str, tuple[tuple[int, ...], torch.dtype]] = SPEC) -> dict[str, torch.Tensor]:
+    """``n`` transitions numbered ``first .. first+n-1`` (batch-first tensors)."""
+    ids = torch.arange(first, first + n, dtype=torch.int64)
+    out = {}
+    for key, (shape, dtype) in spec.items():
+        width = int(torch.Size(shape).numel())
+        base = ids.unsqueeze(1) * 1000 + torch.arange(width).unsqueeze(0) + len(key)
+        if dtype == torch.bool:
+            value = (base % 3) == 0
+        elif dtype == torch.uint8:
+            value = base % 251
+        elif dtype.is_floating_point:
+            value = base.to(torch.float64) / 7.0
+        else:
+            value = base
+        out[key] = value.to(dtype).reshape(n, *shape)
+    return out
+
+
+def one_row(i: int) -> dict[str, Any]:
+    """Transition ``i`` as ObjectRL's agent builds it: tensors plus Python numbers."""
+    r = {k: v[0] for k, v in rows(i, 1).items()}
+    return {**r, "reward": float(r["reward"]), "terminated": bool(r["terminated"]), "step": int(r["step"])}
+
+
+def fill(rb: ReplayBuffer, n: int, first: int = 0) -> None:
+    """Add rows ``first .. first+n-1``: single ``add`` calls and batches, mixed (both write paths)."""
+    i = first
+    while i < first + n:
+        if (i // 3) % 2 == 0:
+            rb.add(one_row(i))
+            i += 1
+        else:
+            k = min(5, first + n - i)
+            rb.add_batch(rows(i, k))
+            i += k
+
+
+def snapshot(rb: ReplayBuffer) -> dict[str, Any]:
+    """Everything observable without consuming randomness: counters, rows by slot, sample_all order."""
+    out: dict[str, Any] = {
+        "len": len(rb),
+        "pointer": rb.pointer,
+        "buffer_size": rb.buffer_size,
+        "shuffle": rb.shuffle,
+        "schema": repr(rb.schema),
+        "generator": rb.generator.get_state().clone(),
+    }
+    if rb.schema is not None and len(rb):
+        out["slots"] = rb.sample_by_index(range(len(rb))).to_dict()
+        out["all"] = rb.sample_all().to_dict()
+    return out
+
+
+def assert_same(a: Any, b: Any, where: str = "") -> None:
+    """Deep equality of snapshots (tensors compared exactly, dtypes included)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: {a!r} != {b!r}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a} vs {b}"
+        assert torch.equal(a, b), f"{where}: values differ"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def next_draws(rb: ReplayBuffer) -> dict[str, Any]:
+    """What the buffer's randomness gives next: three sample_batch calls and one shuffled epoch."""
+    out = {f"batch{i}": rb.sample_batch(7).to_dict() for i in range(3)}
+    out["epoch"] = [b["index"] for b in rb.create_epoch_iterator(4, shuffle=True)]
+    return out
+
+
+def data_folder(path: str | os.PathLike[str]) -> str:
+    """The data folder that ``<path>.metadata`` references."""
+    meta = torch.load(os.fspath(path) + ".metadata", weights_only=True)
+    return os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), meta["data_dir"])
+
+
+def edit_manifest(path: str | os.PathLike[str], change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite the manifest with ``change`` applied, and re-record its crc32 so only ``change`` is wrong."""
+    folder = data_folder(path)
+    manifest_file = os.path.join(folder, "manifest.json")
+    with open(manifest_file) as f:
+        manifest = json.load(f)
+    change(manifest)
+    payload = json.dumps(manifest).encode()
+    with open(manifest_file, "wb") as f:
+        f.write(payload)
+    meta_file = os.fspath(path) + ".metadata"
+    meta = torch.load(meta_file, weights_only=True)
+    meta["data_manifest_crc32"] = zlib.crc32(payload)
+    torch.save(meta, meta_file)
+
+
+def tree(folder: str | os.PathLike[str]) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative name -> bytes): to prove that nothing changed on disk."""
+    out = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            full = os.path.join(root, name)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, folder)] = f.read()
+    return out
+
+
+def version(storage: str, v: int) -> ReplayBuffer:
+    """Buffer contents number ``v``: 13 rows for v=0, 19 for v=1 (other rows, other pointer).
+
+    Three columns (float32, bool, int64): every step of a save repeats per column, so three cover the
+    first, a middle and the last one with a third of the crash points that all nine keys would take.
+    """
+    rb = ReplayBuffer("cpu", "cpu", 16, seed=v, shuffle=bool(v), storage_dir=storage)
+    rb.add_batch(rows(100 * v, 13 + 6 * v, {k: SPEC[k] for k in ("state", "terminated", "step")}))
+    return rb
+
+
+def forkserver() -> Any:
+    """A forkserver context whose server has imported torch and the test modules once: a child costs no import."""
+    ctx = multiprocessing.get_context("forkserver")
+    preload = ["objectrl_buffer", "checkpoint_helpers", "kill_during_save", "test_crash_safety", "test_crash_points"]
+    ctx.set_forkserver_preload(preload)
+    return ctx

@@ -1,0 +1,296 @@
+"""Full-data checkpoints: round trips (in this process and in a fresh one), format, capacity rules, immutability."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from checkpoint_helpers import SPEC, assert_same, data_folder, edit_manifest, fill, next_draws, rows, snapshot, tree
+
+from objectrl_buffer import ReplayBuffer
+from objectrl_buffer.checkpoint import verify_checkpoint, wait_for_cleanup
+from objectrl_buffer.checkpoint_io import interactive, progress_bar
+from objectrl_buffer.checkpoint_manifest import DATA_FORMAT, DATA_FORMAT_VERSION
+from objectrl_buffer.errors import CheckpointError
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (capacity, rows added): empty, one row, part-filled, exactly full, wrapped once, wrapped many times.
+SIZES = [(8, 0), (8, 1), (8, 5), (8, 8), (8, 13), (8, 35), (1, 3)]
+
+
+def make(tmp_path: Path, capacity: int, n: int, seed: int = 7, **kwargs: Any) -> ReplayBuffer:
+    rb = ReplayBuffer("cpu", "cpu", capacity, seed=seed, storage_dir=tmp_path / "storage", **kwargs)
+    fill(rb, n)
+    return rb
+
+
+@pytest.mark.parametrize(("capacity", "n"), SIZES)
+def test_round_trip_restores_rows_ring_and_next_samples(tmp_path: Path, capacity: int, n: int) -> None:
+    original = make(tmp_path, capacity, n, shuffle=True)
+    path = tmp_path / "ck" / "run"
+    path.parent.mkdir()
+    original.save(path, data=True)
+    before = snapshot(original)
+
+    loaded = ReplayBuffer("cpu", "cpu", capacity, seed=999, storage_dir=tmp_path / "storage")
+    loaded.load(path)
+    assert_same(snapshot(loaded), before)
+    built = ReplayBuffer.from_checkpoint(path, storage_dir=tmp_path / "storage")
+    assert_same(snapshot(built), before)
+    if n:
+        expected = next_draws(original)
+        assert_same(next_draws(loaded), expected)
+        assert_same(next_draws(built), expected)
+
+
+def test_round_trip_in_a_fresh_process(tmp_path: Path) -> None:
+    """Saved here, loaded by a new Python process: same rows, order, counters and next samples."""
+    cases = {}
+    for capacity, n in SIZES:
+        rb = make(tmp_path, capacity, n, seed=capacity * 100 + n)
+        path = tmp_path / f"run-{capacity}-{n}"
+        rb.save(path, data=True)
+        expected = {"snapshot": snapshot(rb)}
+        if n:
+            expected["draws"] = next_draws(rb)
+        torch.save(expected, tmp_path / f"expected-{capacity}-{n}.pt")
+        cases[str(path)] = str(tmp_path / f"got-{capacity}-{n}.pt")
+    child = textwrap.dedent(
+        """
+        import json, sys, torch
+        from checkpoint_helpers import next_draws, snapshot
+        from objectrl_buffer import ReplayBuffer
+        for path, out in json.loads(sys.argv[1]).items():
+            rb = ReplayBuffer.from_checkpoint(path, storage_dir=sys.argv[2])
+            got = {"snapshot": snapshot(rb)}
+            if len(rb):
+                got["draws"] = next_draws(rb)
+            torch.save(got, out)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    result = subprocess.run(
+        [sys.executable, "-c", child, json.dumps(cases), str(tmp_path / "child-storage")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    for capacity, n in SIZES:
+        expected = torch.load(tmp_path / f"expected-{capacity}-{n}.pt", weights_only=False)
+        got = torch.load(tmp_path / f"got-{capacity}-{n}.pt", weights_only=False)
+        assert_same(got, expected, f"capacity={capacity}, n={n}")
+
+
+def test_every_dtype_and_nested_keys_round_trip_bit_exactly(tmp_path: Path) -> None:
+    spec = {
+        **SPEC,
+        "half": ((3,), torch.float16),
+        "brain": ((2,), torch.bfloat16),
+        "i32": ((), torch.int32),
+        "i16": ((2,), torch.int16),
+        "i8": ((), torch.int8),
+        "c64": ((2,), torch.complex64),
+    }
+    rb = ReplayBuffer("cpu", "cpu", 6, seed=1, storage_dir=tmp_path / "storage")
+    batch = rows(0, 9, spec)
+    batch["obs"] = {"pixels": batch.pop("frame"), "state": batch.pop("state")}
+    rb.add_batch(batch)
+    rb.save(tmp_path / "run", data=True)
+    loaded = ReplayBuffer.from_checkpoint(tmp_path / "run", storage_dir=tmp_path / "storage")
+    assert loaded.schema == rb.schema
+    assert ("obs", "pixels") in loaded.schema.by_key
+    assert_same(snapshot(loaded), snapshot(rb))
+
+
+def test_metadata_only_save_is_unchanged_objectrl_format(tmp_path: Path) -> None:
+    rb = make(tmp_path, 8, 13)
+    rb.save(str(tmp_path / "run"))
+    meta = torch.load(tmp_path / "run.metadata", weights_only=True)
+    assert meta == {"buffer_size": 8, "data_size": 8, "pointer": 5, "format": "objectrl_buffer", "format_version": 1}
+    assert sorted(os.listdir(tmp_path)) == ["run.metadata", "storage"]
+    fresh = ReplayBuffer("cpu", "cpu", 3, storage_dir=tmp_path / "storage")
+    fresh.load(tmp_path / "run")  # ObjectRL semantics: counters only, capacity adopted
+    assert (len(fresh), fresh.pointer, fresh.buffer_size, fresh.schema) == (8, 5, 8, None)
+
+
+def test_full_save_metadata_stays_plain_torch_load_readable(tmp_path: Path) -> None:
+    make(tmp_path, 8, 13).save(tmp_path / "run", data=True)
+    meta = torch.load(tmp_path / "run.metadata", weights_only=True)
+    assert (meta["buffer_size"], meta["data_size"], meta["pointer"]) == (8, 8, 5)
+    assert all(type(meta[k]) is int for k in ("buffer_size", "data_size", "pointer", "data_manifest_crc32"))
+    manifest = json.loads(Path(data_folder(tmp_path / "run"), "manifest.json").read_text())
+    assert (manifest["format"], manifest["format_version"]) == (DATA_FORMAT, DATA_FORMAT_VERSION)
+    assert manifest["ring"] == {"buffer_size": 8, "data_size": 8, "pointer": 5}
+    assert {"torch", "library_version", "time", "host"} <= manifest["created"].keys()
+    # Column files are raw little-endian rows in slot order: readable without this library.
+    column = next(c for c in manifest["columns"] if c["key"] == ["step"])
+    raw = Path(data_folder(tmp_path / "run"), column["file"]).read_bytes()
+    steps = torch.frombuffer(bytearray(raw), dtype=torch.int64)
+    expected = torch.tensor([8, 9, 10, 11, 12, 5, 6, 7]) * 1000 + len("step")  # slot s holds the newest row n = s mod 8
+    assert torch.equal(steps, expected)
+
+
+def test_each_save_replaces_the_generation_and_cleans_orphans(tmp_path: Path) -> None:
+    rb = make(tmp_path, 8, 5)
+    path = tmp_path / "run"
+    orphan = tmp_path / "run.data-0123456789abcdef"  # as a killed save leaves it
+    orphan.mkdir()
+    (orphan / "000-state.bin").write_bytes(b"half")
+    (tmp_path / "run.metadata.abcd1234.tmp").write_bytes(b"x")
+    unrelated = [
+        "run.data-notahexid",
+        "other.data-0123456789abcdef",
+        "run.database",
+        "run.data-0123456789abcdef.metadata",
+    ]
+    for name in unrelated:
+        (tmp_path / name).mkdir()
+    rb.save(path, data=True)
+    first = os.path.basename(data_folder(path))
+    fill(rb, 2, first=5)
+    rb.save(path, data=True)
+    wait_for_cleanup()
+    second = os.path.basename(data_folder(path))
+    assert first != second
+    assert sorted(os.listdir(tmp_path)) == sorted([*unrelated, second, "run.metadata", "storage"])
+    assert len(ReplayBuffer.from_checkpoint(path, storage_dir=tmp_path / "storage")) == 7
+    rb.save(path)  # data=False: the checkpoint is metadata only now, its data folder goes
+    wait_for_cleanup()
+    assert sorted(os.listdir(tmp_path)) == sorted([*unrelated, "run.metadata", "storage"])
+
+
+def test_loaded_buffer_never_writes_into_the_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "ck").mkdir()
+    path = tmp_path / "ck" / "run"
+    make(tmp_path, 8, 13).save(path, data=True)
+    on_disk = tree(tmp_path / "ck")
+    rb = ReplayBuffer.from_checkpoint(path, storage_dir=tmp_path / "storage")
+    assert rb.storage_folder is not None and not rb.storage_folder.startswith(str(tmp_path / "ck"))
+    fill(rb, 20, first=100)
+    rb.reset()
+    fill(rb, 3, first=200)
+    rb.close()
+    assert tree(tmp_path / "ck") == on_disk
+    verify_checkpoint(path)
+
+
+def test_capacity_and_schema_rules(tmp_path: Path) -> None:
+    path = tmp_path / "run"
+    make(tmp_path, 8, 13).save(path, data=True)
+    saved = snapshot(ReplayBuffer.from_checkpoint(path, storage_dir=tmp_path / "storage"))
+
+    holding = make(tmp_path, 5, 3)  # holds rows, another capacity: refused, unchanged
+    before = snapshot(holding)
+    with pytest.raises(CheckpointError, match=r"buffer_size 8 .* capacity 5"):
+        holding.load(path)
+    assert_same(snapshot(holding), before)
+
+    other_schema = ReplayBuffer("cpu", "cpu", 8, storage_dir=tmp_path / "storage")
+    other_schema.add({"obs": torch.zeros(3)})  # same capacity, other keys: refused, unchanged
+    before = snapshot(other_schema)
+    with pytest.raises(CheckpointError, match="holds Schema"):
+        other_schema.load(path)
+    assert_same(snapshot(other_schema), before)
+
+    for empty in (ReplayBuffer("cpu", "cpu", 5, storage_dir=tmp_path / "storage"), holding, other_schema):
+        empty.reset()  # an empty buffer adopts the saved capacity and schema
+        empty.load(path)
+        assert_same(
+            {k: v for k, v in snapshot(empty).items() if k != "generator"},
+            {k: v for k, v in saved.items() if k != "generator"},
+        )
+
+    same = make(tmp_path, 8, 2)  # same capacity and schema: contents replaced
+    same.load(path)
+    assert_same(snapshot(same)["slots"], saved["slots"])
+
+
+def test_load_replaces_iterators_and_shuffle(tmp_path: Path) -> None:
+    path = tmp_path / "run"
+    make(tmp_path, 8, 13, shuffle=True).save(path, data=True)
+    rb = make(tmp_path, 8, 4)
+    it = rb.create_epoch_iterator(2)
+    next(it)
+    rb.load(path)
+    assert rb.shuffle is True and rb.epoch_iterator is None
+    with pytest.raises(RuntimeError, match="reset"):
+        next(it)
+    assert ReplayBuffer.from_checkpoint(path, shuffle=False, storage_dir=tmp_path / "storage").shuffle is False
+
+
+def test_verify_false_skips_checksums_only(tmp_path: Path) -> None:
+    path = tmp_path / "run"
+    make(tmp_path, 8, 13).save(path, data=True)
+    step_file = next(Path(data_folder(path)).glob("*-step.bin"))
+    data = bytearray(step_file.read_bytes())
+    data[0] ^= 0xFF
+    step_file.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        ReplayBuffer.from_checkpoint(path, storage_dir=tmp_path / "storage")
+    rb = ReplayBuffer.from_checkpoint(path, verify=False, storage_dir=tmp_path / "storage")
+    assert int(rb.sample_by_index([0])["step"][0]) != 8 * 1000 + len("step")  # the damaged value, as asked
+
+
+def test_progress_bar_only_when_interactive(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rb = make(tmp_path, 8, 13)
+    rb.save(tmp_path / "run", data=True)  # auto: stderr is not a terminal under pytest
+    rb.load(tmp_path / "run")
+    assert capsys.readouterr().err == ""
+    with progress_bar(10, "x", None) as bar:
+        assert not hasattr(bar, "n")  # the no-op
+    with progress_bar(10, "x", True) as bar:
+        assert type(bar).__name__ == "tqdm"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.delenv("CI", raising=False)
+    assert interactive()
+    monkeypatch.setenv("CI", "true")
+    assert not interactive()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback of a machine without CUDA")
+def test_checkpoint_from_a_cuda_machine_loads_on_cpu(tmp_path: Path) -> None:
+    """Saved with CUDA storage elsewhere: rows load onto cpu, the generator is re-seeded with the saved seed."""
+    path = tmp_path / "run"
+    original = make(tmp_path, 8, 13, seed=1234)
+    original.save(path, data=True)
+
+    def as_if_cuda(m: dict[str, Any]) -> None:
+        m["devices"] = {"device": "cuda:0", "storing_device": "cuda:0"}
+        m["sampling"]["generator"]["device"] = "cuda"
+
+    edit_manifest(path, as_if_cuda)
+    with pytest.warns(UserWarning, match="not available here: using cpu"):
+        rb = ReplayBuffer.from_checkpoint(path, storage_dir=tmp_path / "storage")
+    assert rb.device.type == rb.storing_device.type == "cpu"
+    assert rb.generator.initial_seed() == 1234
+    assert_same(snapshot(rb)["slots"], snapshot(original)["slots"])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("saved_on", "loaded_on"), [("cpu", "cuda"), ("cuda", "cpu"), ("cuda", "cuda")])
+def test_load_onto_another_storing_device(tmp_path: Path, saved_on: str, loaded_on: str) -> None:
+    rb = ReplayBuffer("cuda", saved_on, 8, seed=3, storage_dir=tmp_path / "storage")
+    fill(rb, 13)
+    rb.save(tmp_path / "run", data=True)
+    loaded = ReplayBuffer.from_checkpoint(tmp_path / "run", storing_device=loaded_on, storage_dir=tmp_path / "s")
+    assert loaded.storing_device.type == loaded_on
+    assert_same(
+        {k: v for k, v in snapshot(loaded).items() if k != "generator"},
+        {k: v for k, v in snapshot(rb).items() if k != "generator"},
+    )
+    if saved_on == loaded_on:
+        assert_same(next_draws(loaded), next_draws(rb))
