@@ -174,7 +174,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             values = priority.detach()
         else:
             try:
-                values = torch.as_tensor(priority)
+                values = torch.as_tensor(priority, dtype=torch.float64)
             except (TypeError, ValueError, RuntimeError) as exc:
                 raise InvalidArgumentError(f"priority must be numbers or a tensor: {exc}") from None
         index_shape, priority_shape = _shape_of(index), tuple(values.shape)
