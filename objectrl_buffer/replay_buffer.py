@@ -464,18 +464,25 @@ class ReplayBuffer:
         epochs = _positive_int(n_epochs, "n_epochs")
         window = None if recent is None else _positive_int(recent, "recent")
         self._require_rows()
+        shuffle = self.shuffle if shuffle is None else shuffle
         rows = None
         if window is not None:
             rows = window_slots(self.pointer, self.data_size, self.buffer_size, window, self.storing_device)
         size = self.data_size if rows is None else rows.numel()
-        self.epoch_iterator = self._epochs(size, bs, epochs, self.shuffle if shuffle is None else shuffle, rows)
+        # The generation is taken now, not at the first next(): a generator body runs lazily.
+        self.epoch_iterator = self._epochs(self._generation, size, bs, epochs, shuffle, rows)
         return self.epoch_iterator
 
     def _epochs(
-        self, size: int, batch_size: int, n_epochs: int, shuffle: bool, rows: torch.Tensor | None = None
+        self,
+        generation: int,
+        size: int,
+        batch_size: int,
+        n_epochs: int,
+        shuffle: bool,
+        rows: torch.Tensor | None = None,
     ) -> Iterator[TensorDict]:
         """Epochs over positions ``0 .. size-1``: slots themselves, or indices into ``rows`` (slots)."""
-        generation = self._generation
         for _ in range(n_epochs):
             for slots in epoch_slots(size, batch_size, shuffle, self.generator):
                 if generation != self._generation:
