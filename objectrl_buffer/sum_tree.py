@@ -132,10 +132,10 @@ class SumTree:
             cumulative = level.view(-1, b).index_select(0, node).cumsum(1)  # [k, B]
             # Stay strictly below this node's total, so the chosen child has positive weight.
             remaining = torch.minimum(remaining, torch.nextafter(cumulative[:, -1:], zero))
-            passed = cumulative <= remaining  # a prefix of the children
-            # Subtract the cumulative sum itself (not a re-summed prefix): exact, never below zero.
-            remaining = remaining - torch.where(passed, cumulative, zero).amax(1, keepdim=True)
-            node = (node << shift) + passed.sum(1)
+            choice = torch.searchsorted(cumulative, remaining, right=True)  # first child past the mass
+            # Subtract the cumulative sum before that child as stored (not re-summed): exact, >= 0.
+            remaining = remaining - torch.nn.functional.pad(cumulative, (1, 0)).gather(1, choice)
+            node = (node << shift) + choice.squeeze(1)
         return node
 
     def sample(self, k: int, generator: torch.Generator) -> torch.Tensor:
