@@ -36,7 +36,7 @@ from objectrl_buffer.samplers import (
 )
 from objectrl_buffer.schema import INDEX_KEY, Key, Schema, require_mapping
 from objectrl_buffer.storage import TransitionStorage, make_tensordict
-from objectrl_buffer.trajectories import TransitionKeys, episode_ends, pad_slices, require_keys, slice_positions
+from objectrl_buffer.trajectories import StoredRows, TransitionKeys, pad_slices, require_keys, slice_positions
 
 __all__ = ["ReplayBuffer"]
 
@@ -416,7 +416,8 @@ class ReplayBuffer:
                 longest stored episode segment).
             SchemaError: an episode-end key is not stored.
 
-        Cost: ``O(len)`` per call to find the episode ends, plus the rows read.
+        Cost: ``O(num_slices * slice_len)`` when valid slices are common (rejection sampling over the
+        done flags); ``O(len)`` when they are rare or absent (a table of all valid starts).
         """
         k = _positive_int(num_slices, "num_slices")
         length = _positive_int(slice_len, "slice_len")
@@ -426,9 +427,9 @@ class ReplayBuffer:
         columns = self._storage.columns
         end_keys = self.transition_keys.episode_end if done_key is None else (done_key,)
         require_keys(columns, end_keys, "sample_slices")
-        in_order = chronological_slots(self.pointer, self.data_size, self.buffer_size, self.storing_device)
-        positions, mask = slice_positions(episode_ends(columns, in_order, end_keys), k, length, pad, self.generator)
-        batch = self._read(in_order[positions.reshape(-1)]).reshape(k, length)
+        rows = StoredRows(columns, end_keys, self.pointer, self.data_size, self.buffer_size)
+        positions, mask = slice_positions(rows, k, length, pad, self.generator)
+        batch = self._read(rows.slots(positions.reshape(-1))).reshape(k, length)
         return pad_slices(batch, mask.to(self.device), INDEX_KEY) if pad else batch
 
     def sample_all(self) -> TensorDict:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SchemaError
+from objectrl_buffer.trajectories import StoredRows, slice_positions
 
 logging.getLogger("torchrl").setLevel(logging.WARNING)
 
@@ -114,6 +115,29 @@ def test_padded_slices(
         assert not steps[real:].any() and not out["obs"][row, real:].any()  # padding is zero
         assert bool((out["index"][row, real:] == -1).all())
     assert starts == set(expected)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+@pytest.mark.parametrize("p_end", [0.05, 0.5])
+def test_rejection_and_table_paths_draw_from_the_same_starts(pad: bool, p_end: float) -> None:
+    """Starts drawn by rejection (tries > 0) and from the full table (tries=0): same support, same shares."""
+    size, capacity, pointer, slice_len = 300, 400, 250, 5  # a wrapped-looking ring: positions != slots
+    gen = torch.Generator().manual_seed(11)
+    done = torch.zeros(capacity)
+    done[torch.rand(capacity, generator=gen) < p_end] = 1.0
+    rows = StoredRows({"done": done}, ("done",), pointer, size, capacity)
+    draws = {}
+    for tries in (0, 8):
+        positions, mask = slice_positions(rows, 60_000, slice_len, pad, torch.Generator().manual_seed(tries))
+        draws[tries] = torch.bincount(positions[:, 0], minlength=size)
+        if not pad:
+            assert bool(mask.all())
+    support = draws[0] > 0
+    assert torch.equal(support, draws[8] > 0)
+    # Both uniform over the valid starts: every count within 6 standard deviations of its expectation.
+    expected = 60_000 / int(support.sum())
+    for counts in draws.values():
+        assert bool(((counts[support] - expected).abs() < 6 * expected**0.5).all())
 
 
 def test_slices_never_cross_the_write_head(tmp_path: Any) -> None:
