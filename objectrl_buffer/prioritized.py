@@ -203,7 +203,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             slots, values = slots[keep], values[keep]
         self._priority[slots] = values
         self._index.set(slots, values)
-        torch.maximum(self._max_priority, values.max(), out=self._max_priority)
+        self._max_priority = torch.maximum(self._max_priority, values.max())
 
     def priorities(self) -> torch.Tensor:
         """A copy of the raw priorities of the live slots, ``[len(buffer)]`` float64, slot order."""

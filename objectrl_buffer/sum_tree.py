@@ -132,7 +132,9 @@ class SumTree:
             cumulative = level.view(-1, b).index_select(0, node).cumsum(1)  # [k, B]
             # Stay strictly below this node's total, so the chosen child has positive weight.
             remaining = torch.minimum(remaining, torch.nextafter(cumulative[:, -1:], zero))
-            choice = torch.searchsorted(cumulative, remaining, right=True)  # first child past the mass
+            # First child whose cumulative sum passes the mass. (Not torch.searchsorted: on CPU it runs a
+            # parallel loop even for 256 rows, which stalls for milliseconds when the cores are busy.)
+            choice = (cumulative <= remaining).sum(1, keepdim=True)
             # Subtract the cumulative sum before that child as stored (not re-summed): exact, >= 0.
             remaining = remaining - torch.nn.functional.pad(cumulative, (1, 0)).gather(1, choice)
             node = (node << shift) + choice.squeeze(1)
