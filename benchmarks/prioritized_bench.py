@@ -11,8 +11,9 @@ Rows compared (all on the same storing device, same number of rows):
 * torchrl PER: ``TensorDictPrioritizedReplayBuffer`` sample + update_priority, where its extension loads
 * sum tree alone: ``SumTree.sample(k)`` and ``update`` of ``k`` slots (no row reads)
 * add: one ``add`` per call, uniform and prioritized (PER's new-row priority write)
+* the other sampling options on the uniform buffer: n-step, recency window, trajectory slices
 
-Usage::
+Usage (from the repository root, with objectrl_buffer importable)::
 
     python benchmarks/prioritized_bench.py                 # 1M rows, CPU
     python benchmarks/prioritized_bench.py --rows 100000 --device cuda
@@ -98,6 +99,9 @@ def main() -> None:
     uniform = ReplayBuffer(device, device, rows, seed=0, storage_dir=folder)
     fill(uniform, rows, device)
     run(f"uniform sample_batch({k})", lambda: uniform.sample_batch(k))
+    run(f"uniform sample_batch({k}, n_step=3)", lambda: uniform.sample_batch(k, n_step=3, gamma=0.99))
+    run(f"uniform sample_batch({k}, recent=10000)", lambda: uniform.sample_batch(k, recent=10_000))
+    run("sample_slices(16, 16)", lambda: uniform.sample_slices(16, 16))
 
     per = PrioritizedReplayBuffer(device, device, rows, seed=0, storage_dir=folder, backend=args.backend)
     fill(per, rows, device)
