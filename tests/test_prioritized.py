@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from objectrl_buffer import PrioritizedReplayBuffer, torchrl_per_available
+from objectrl_buffer import PrioritizedReplayBuffer, priority_index, torchrl_per_available
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SlotIndexError
 
 logging.getLogger("torchrl").setLevel(logging.WARNING)
@@ -111,6 +113,64 @@ def test_torchrl_and_own_tree_agree(tmp_path: Any) -> None:
         check_weights(batch, priority, 0.6, 0.4, 1e-6)
 
 
+class FakeSegmentTree:
+    """Stand-in for torchrl's compiled segment trees (plain tensors), to run its sampler's Python code."""
+
+    def __init__(self, capacity: int, reduce: str) -> None:
+        self.reduce = reduce
+        self.values = torch.full((capacity,), math.inf if reduce == "min" else 0.0, dtype=torch.float64)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.values[torch.as_tensor(index)] = torch.as_tensor(value, dtype=torch.float64)
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        return self.values[torch.as_tensor(index)]
+
+    def query(self, low: int, high: int) -> float:
+        part = self.values[low:high]
+        return float(part.min() if self.reduce == "min" else part.sum())
+
+    def scan_lower_bound(self, mass: Any) -> torch.Tensor:
+        cumulative = self.values.cumsum(0)  # first index whose inclusive prefix sum exceeds the mass
+        return (cumulative <= torch.as_tensor(mass, dtype=torch.float64).unsqueeze(-1)).sum(-1)
+
+
+@pytest.fixture
+def fake_torchrl_trees(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """torchrl's PrioritizedSampler as if its extension loaded (CPU trees replaced by FakeSegmentTree)."""
+    from torchrl.data.replay_buffers.samplers import prioritized as module
+
+    for name in ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64"):
+        reduce = "sum" if name.startswith("Sum") else "min"
+        monkeypatch.setattr(module, name, functools.partial(FakeSegmentTree, reduce=reduce))
+    monkeypatch.setattr(priority_index, "_PROBED", {})
+    yield
+    priority_index._PROBED.clear()
+
+
+def test_torchrl_adapter_drives_the_real_sampler(tmp_path: Any, fake_torchrl_trees: None) -> None:
+    """Our adapter around torchrl's PrioritizedSampler (its Python code, fake trees): same distribution,
+    same weights, new rows and wrap-around handled, state restored."""
+    assert torchrl_per_available("cpu")
+    rb = make(tmp_path, capacity=30, rows=45, backend="torchrl")
+    assert rb.backend == "torchrl" and make(tmp_path / "auto").backend == "torchrl"
+    priority = random_priorities(30, 4)
+    rb.update_priority(torch.arange(30), priority)
+    batch = rb.sample_batch(DRAWS)
+    counts = torch.bincount(batch["index"], minlength=30)
+    assert chi_square(counts, expected_probabilities(priority, 0.6, 1e-6)) < chi_square_limit(29)
+    check_weights(batch, priority, 0.6, 0.4, 1e-6)
+    rb.add({"step": torch.tensor(45), "reward": torch.tensor(1.0)})  # overwrites slot 15: max priority
+    assert_draws_follow_priorities(rb)
+    rb.alpha = 1.0
+    other = make(tmp_path / "o", capacity=30, rows=30, backend="torchrl", alpha=1.0)
+    other.load_priority_state(rb.priority_state())
+    assert_draws_follow_priorities(other)
+    rb.reset()
+    rb.add_batch({"step": torch.arange(5), "reward": torch.ones(5)})
+    assert_draws_follow_priorities(rb)
+
+
 def test_auto_backend_without_the_extension_is_ours(tmp_path: Any) -> None:
     rb = make(tmp_path)
     assert rb.backend == ("torchrl" if torchrl_per_available("cpu") else "torch")
@@ -127,7 +187,8 @@ def check_weights(batch: Any, priority: torch.Tensor, alpha: float, beta: float,
     total = sum((float(x) + eps) ** alpha for x in priority.tolist())
     n = priority.numel()
     raw = [(n * q / total) ** -beta for q in p]
-    expected = torch.tensor([w / max(raw) for w in raw], dtype=torch.float32)
+    largest = max(raw)
+    expected = torch.tensor([w / largest for w in raw], dtype=torch.float32)
     assert batch["weight"].dtype == torch.float32
     torch.testing.assert_close(batch["weight"], expected, rtol=2e-6, atol=0.0)
     assert float(batch["weight"].max()) == 1.0
