@@ -32,7 +32,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError
 from objectrl_buffer.nstep import check_n_step
-from objectrl_buffer.priority_index import Backend, PriorityIndex, make_priority_index, torchrl_per_available
+from objectrl_buffer.priority_index import Backend, PriorityIndex, check_backend, make_priority_index
 from objectrl_buffer.replay_buffer import ReplayBuffer, Slots, Transition, _positive_int
 from objectrl_buffer.schema import leaves
 
@@ -95,11 +95,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         eps = _real(eps, "eps", 0.0, math.inf)
         if alpha == math.inf or eps == math.inf:
             raise InvalidArgumentError(f"alpha and eps must be finite, got alpha={alpha}, eps={eps}")
-        if backend not in ("auto", "torchrl", "torch"):
-            raise InvalidArgumentError(f"backend must be 'auto', 'torchrl' or 'torch', got {backend!r}")
+        check_backend(backend, torch.device(storing_device))
         self._alpha, self._beta, self._eps, self._backend = alpha, beta, eps, backend
-        if backend == "torchrl" and not torchrl_per_available(storing_device):
-            make_priority_index(backend, 1, torch.device(storing_device), alpha, eps)  # raises, naming why
         super().__init__(device, storing_device, buffer_size, print_gc_warning, **kwargs)
         self._index: PriorityIndex
         self._priority: torch.Tensor

@@ -24,7 +24,15 @@ import torch
 from objectrl_buffer.errors import InvalidArgumentError
 from objectrl_buffer.sum_tree import SumTree
 
-__all__ = ["Backend", "PriorityIndex", "TreeIndex", "TorchRLIndex", "torchrl_per_available", "make_priority_index"]
+__all__ = [
+    "Backend",
+    "PriorityIndex",
+    "TreeIndex",
+    "TorchRLIndex",
+    "torchrl_per_available",
+    "check_backend",
+    "make_priority_index",
+]
 
 Backend: TypeAlias = Literal["auto", "torchrl", "torch"]
 
@@ -170,6 +178,17 @@ class TorchRLIndex(PriorityIndex):
         return torch.as_tensor(slots, dtype=torch.int64).to(self.device)
 
 
+def check_backend(backend: object, device: torch.device) -> None:
+    """Raise :class:`InvalidArgumentError` if ``backend`` is unknown, or ``"torchrl"`` where it does not load."""
+    if backend not in ("auto", "torchrl", "torch"):
+        raise InvalidArgumentError(f"backend must be 'auto', 'torchrl' or 'torch', got {backend!r}")
+    if backend == "torchrl" and not torchrl_per_available(device):
+        raise InvalidArgumentError(
+            f"backend='torchrl': torchrl's PrioritizedSampler is not available for {device.type} here "
+            "(its compiled extension does not load with this torch build): use backend='auto' or 'torch'"
+        )
+
+
 def make_priority_index(
     backend: Backend, capacity: int, device: torch.device, alpha: float, eps: float
 ) -> PriorityIndex:
@@ -179,13 +198,9 @@ def make_priority_index(
     slot has weight zero, where ours simply never draws that slot.
 
     Raises:
-        InvalidArgumentError: ``"torchrl"`` was asked for and its extension does not load here.
+        InvalidArgumentError: as :func:`check_backend`.
     """
+    check_backend(backend, device)
     if backend == "torch" or (backend == "auto" and (eps == 0 or not torchrl_per_available(device))):
         return TreeIndex(capacity, device, alpha, eps)
-    if not torchrl_per_available(device):
-        raise InvalidArgumentError(
-            f"backend='torchrl': torchrl's PrioritizedSampler is not available for {device.type} here "
-            "(its compiled extension does not load with this torch build): use backend='auto' or 'torch'"
-        )
     return TorchRLIndex(capacity, device, alpha, eps)
