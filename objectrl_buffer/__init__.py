@@ -1,9 +1,23 @@
 """objectrl_buffer: a TorchRL-based replay buffer for GPU and CPU, a drop-in for ObjectRL's."""
 
 from objectrl_buffer import errors
+from objectrl_buffer.prioritized import PrioritizedReplayBuffer
+from objectrl_buffer.priority_index import torchrl_per_available
 from objectrl_buffer.replay_buffer import ReplayBuffer
 from objectrl_buffer.schema import Field, Schema
+from objectrl_buffer.sum_tree import SumTree
+from objectrl_buffer.trajectories import TransitionKeys
 
-__all__ = ["ReplayBuffer", "Schema", "Field", "errors", "__version__"]
+__all__ = [
+    "ReplayBuffer",
+    "PrioritizedReplayBuffer",
+    "TransitionKeys",
+    "SumTree",
+    "torchrl_per_available",
+    "Schema",
+    "Field",
+    "errors",
+    "__version__",
+]
 
 __version__ = "0.1.0"

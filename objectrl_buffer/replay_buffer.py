@@ -25,9 +25,18 @@ from objectrl_buffer.errors import (
     SlotIndexError,
     StaleIteratorError,
 )
-from objectrl_buffer.samplers import chronological_slots, epoch_slots, num_batches, uniform_slots
+from objectrl_buffer.nstep import check_n_step, n_step_targets
+from objectrl_buffer.samplers import (
+    chronological_slots,
+    epoch_slots,
+    num_batches,
+    recent_slots,
+    uniform_slots,
+    window_slots,
+)
 from objectrl_buffer.schema import INDEX_KEY, Key, Schema, require_mapping
 from objectrl_buffer.storage import TransitionStorage, make_tensordict
+from objectrl_buffer.trajectories import StoredRows, TransitionKeys, pad_slices, require_keys, slice_positions
 
 __all__ = ["ReplayBuffer"]
 
@@ -63,6 +72,8 @@ class ReplayBuffer:
             Setting it here lets unmodified ObjectRL trainers get shuffled epochs.
         storage_dir: parent folder for the CPU memmap files. ``None`` uses the system temp folder
             (disk-backed), so the buffer does not depend on the size of ``/dev/shm``.
+        transition_keys: names of the reward/next_state/terminated/truncated keys that n-step
+            sampling and episode boundaries read (default: ObjectRL's names).
 
     Attributes:
         device, storing_device (torch.device), buffer_size, data_size, pointer (int): ring state;
@@ -85,6 +96,7 @@ class ReplayBuffer:
         seed: int | None = None,
         shuffle: bool = False,
         storage_dir: str | os.PathLike[str] | None = None,
+        transition_keys: TransitionKeys | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.storing_device = torch.device(storing_device)
@@ -95,6 +107,8 @@ class ReplayBuffer:
         self.data_size = 0
         self.pointer = 0
         self.epoch_iterator: Iterator[TensorDict] | None = None
+        self.transition_keys = TransitionKeys() if transition_keys is None else transition_keys
+        self._random_recent: int | None = None  # recency window of get_next_batch's random sampling
         self.generator = torch.Generator(device=self.storing_device)
         if seed is None:
             self.generator.seed()
@@ -289,19 +303,55 @@ class ReplayBuffer:
                 raise SlotIndexError(f"index {bad} is out of range for a buffer of {self.data_size} rows")
         return slots
 
-    def sample_batch(self, batch_size: int) -> TensorDict:
+    def sample_batch(
+        self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, recent: int | None = None
+    ) -> TensorDict:
         """``batch_size`` rows drawn uniformly with replacement (``batch_size > len`` is fine).
+
+        Args:
+            batch_size: rows to draw (> 0).
+            n_step: with ``n > 1``, ``reward`` becomes the discounted sum of up to ``n`` rewards from
+                each drawn row on, ``next_state``/``terminated``/``truncated`` come from the row the sum
+                stopped at, and a ``discount`` key holds ``gamma ** steps`` (float32). The sum stops
+                early at an episode end (a truncation stops it but is not a termination) and at the
+                newest row. Key names: ``transition_keys``. See :mod:`objectrl_buffer.nstep`.
+            gamma: the n-step discount, in ``[0, 1]`` (unused when ``n_step == 1``).
+            recent: draw only from the newest ``recent`` rows (all rows if fewer are stored).
 
         Returns:
             TensorDict of batch size ``[batch_size]`` on ``device``, with ``"index"`` (slots).
 
         Raises:
             EmptyBufferError: the buffer holds no rows.
-            InvalidArgumentError: ``batch_size`` is not a positive int.
+            InvalidArgumentError: ``batch_size`` or ``recent`` is not a positive int, ``n_step`` is
+                not an int >= 1, or ``gamma`` is outside ``[0, 1]``.
+            SchemaError: n-step sampling needs a key that is not stored.
         """
         k = _positive_int(batch_size, "batch_size")
+        if n_step == 1 and recent is None:  # the per-gradient-step path: nothing else to decide
+            self._require_rows()
+            return self._read(uniform_slots(self.data_size, k, self.generator))
+        n, g = check_n_step(n_step, gamma)
+        window = None if recent is None else _positive_int(recent, "recent")
         self._require_rows()
-        return self._read(uniform_slots(self.data_size, k, self.generator))
+        if window is None:
+            slots = uniform_slots(self.data_size, k, self.generator)
+        else:
+            slots = recent_slots(self.pointer, self.data_size, self.buffer_size, window, k, self.generator)
+        return self._read_transitions(slots, n, g)
+
+    def _read_transitions(self, slots: torch.Tensor, n_step: int, gamma: float) -> TensorDict:
+        """:meth:`_read`, with the n-step keys replaced when ``n_step > 1``."""
+        if n_step == 1:
+            return self._read(slots)
+        columns = self._storage.columns
+        targets = n_step_targets(
+            columns, slots, self.pointer, self.data_size, self.buffer_size, n_step, gamma, self.transition_keys
+        )
+        batch = self._read(slots, [key for key in columns if key not in targets])
+        for key, value in targets.items():
+            batch.set(key, value.to(self.device, non_blocking=True))
+        return batch
 
     def sample_random(self, batch_size: int) -> TensorDict:
         """Alias of :meth:`sample_batch` (ObjectRL's name)."""
@@ -345,6 +395,45 @@ class ReplayBuffer:
                 raise SchemaError(f"field {key!r} is not stored; stored keys: {[f.key for f in schema.fields]}")
         return self._read(slots, keys, with_index=False)
 
+    def sample_slices(
+        self, num_slices: int, slice_len: int, *, done_key: Key | None = None, pad: bool = False
+    ) -> TensorDict:
+        """``num_slices`` runs of ``slice_len`` consecutive transitions, each inside one episode.
+
+        A slice never crosses an episode end (a row with a non-zero ``terminated`` or ``truncated``,
+        or ``done_key`` if given; the end row itself may be a slice's last row) nor the write head
+        (the seam between the newest and the oldest row). Starts are drawn uniformly with replacement
+        among all valid ones. Episode segments shorter than ``slice_len`` are skipped, or with
+        ``pad=True`` drawn whole (from their first row) and padded.
+
+        Returns:
+            TensorDict of batch size ``[num_slices, slice_len]`` on ``device``, rows in time order,
+            with ``"index"`` (slots). With ``pad=True`` also ``"mask"`` (bool, ``False`` on padding,
+            where every value is zero and ``"index"`` is -1).
+
+        Raises:
+            InvalidArgumentError: ``num_slices`` or ``slice_len`` is not a positive int, or
+                ``slice_len > buffer_size``.
+            EmptyBufferError: the buffer holds no rows, or no slice fits (the message names the
+                longest stored episode segment).
+            SchemaError: an episode-end key is not stored.
+
+        Cost: ``O(num_slices * slice_len)`` when valid slices are common (rejection sampling over the
+        done flags); ``O(len)`` when they are rare or absent (a table of all valid starts).
+        """
+        k = _positive_int(num_slices, "num_slices")
+        length = _positive_int(slice_len, "slice_len")
+        if length > self.buffer_size:
+            raise InvalidArgumentError(f"slice_len {length} is larger than the buffer ({self.buffer_size} rows)")
+        self._require_rows()
+        columns = self._storage.columns
+        end_keys = self.transition_keys.episode_end if done_key is None else (done_key,)
+        require_keys(columns, end_keys, "sample_slices")
+        rows = StoredRows(columns, end_keys, self.pointer, self.data_size, self.buffer_size)
+        positions, mask = slice_positions(rows, k, length, pad, self.generator)
+        batch = self._read(rows.slots(positions.reshape(-1))).reshape(k, length)
+        return pad_slices(batch, mask.to(self.device), INDEX_KEY) if pad else batch
+
     def sample_all(self) -> TensorDict:
         """Every stored row, oldest to newest (also after the ring wraps), with ``"index"`` (slots).
 
@@ -360,55 +449,87 @@ class ReplayBuffer:
         return num_batches(self.data_size, _positive_int(batch_size, "batch_size"))
 
     def create_epoch_iterator(
-        self, batch_size: int, n_epochs: int = 1, shuffle: bool | None = None
+        self, batch_size: int, n_epochs: int = 1, shuffle: bool | None = None, *, recent: int | None = None
     ) -> Iterator[TensorDict]:
         """An iterator of ``n_epochs`` epochs over the rows stored now, stored in ``epoch_iterator``.
 
         Each epoch yields ``ceil(N / batch_size)`` TensorDicts (the last one partial) covering every
         one of the ``N`` rows exactly once: in slot order, or a fresh permutation per epoch when
         ``shuffle`` (default: the buffer's ``shuffle``). Rows are read when each batch is yielded.
+        With ``recent=m`` the epochs cover only the newest ``N = min(m, len)`` rows (oldest first
+        unless shuffled), those stored when the iterator is created.
 
         Raises:
-            InvalidArgumentError: ``batch_size`` or ``n_epochs`` is not a positive int.
+            InvalidArgumentError: ``batch_size``, ``n_epochs`` or ``recent`` is not a positive int.
             EmptyBufferError: the buffer holds no data.
         """
         bs = _positive_int(batch_size, "batch_size")
         epochs = _positive_int(n_epochs, "n_epochs")
+        window = None if recent is None else _positive_int(recent, "recent")
         self._require_rows()
         shuffle = self.shuffle if shuffle is None else shuffle
+        rows = None
+        if window is not None:
+            rows = window_slots(self.pointer, self.data_size, self.buffer_size, window, self.storing_device)
+        size = self.data_size if rows is None else rows.numel()
         # The generation is taken now, not at the first next(): a generator body runs lazily.
-        self.epoch_iterator = self._epochs(self._generation, self.data_size, bs, epochs, shuffle)
+        self.epoch_iterator = self._epochs(self._generation, size, bs, epochs, shuffle, rows)
         return self.epoch_iterator
 
     def _epochs(
-        self, generation: int, size: int, batch_size: int, n_epochs: int, shuffle: bool
+        self,
+        generation: int,
+        size: int,
+        batch_size: int,
+        n_epochs: int,
+        shuffle: bool,
+        rows: torch.Tensor | None = None,
     ) -> Iterator[TensorDict]:
+        """Epochs over positions ``0 .. size-1``: slots themselves, or indices into ``rows`` (slots)."""
         for _ in range(n_epochs):
             for slots in epoch_slots(size, batch_size, shuffle, self.generator):
                 if generation != self._generation:
                     raise StaleIteratorError("the buffer was reset after this epoch iterator was created")
-                yield self._read(slots)
+                yield self._read(slots if rows is None else rows[slots])
 
-    def get_steps_and_iterator(self, n_epochs: int, max_iter: int, batch_size: int, shuffle: bool | None = None) -> int:
+    def get_steps_and_iterator(
+        self,
+        n_epochs: int,
+        max_iter: int,
+        batch_size: int,
+        shuffle: bool | None = None,
+        *,
+        recent: int | None = None,
+    ) -> int:
         """Prepare a learning phase; return how many gradient steps it has.
 
         ``n_epochs > 0``: builds the epoch iterator and returns ``n_epochs * ceil(N / batch_size)``.
         Otherwise sets ``epoch_iterator = None`` (random sampling) and returns ``max_iter``.
+        ``recent=m`` limits both to the newest ``m`` rows (``N = min(m, len)``); it applies to the
+        random batches of :meth:`get_next_batch` until the next call of this method.
+
+        Raises:
+            InvalidArgumentError: ``recent`` is not a positive int (and as :meth:`create_epoch_iterator`).
         """
+        window = None if recent is None else _positive_int(recent, "recent")
         if n_epochs > 0:
-            self.create_epoch_iterator(batch_size, n_epochs, shuffle)
-            return n_epochs * self.calculate_num_batches(batch_size)
+            self.create_epoch_iterator(batch_size, n_epochs, shuffle, recent=window)
+            self._random_recent = window
+            rows = self.data_size if window is None else min(window, self.data_size)
+            return n_epochs * num_batches(rows, _positive_int(batch_size, "batch_size"))
         self.epoch_iterator = None
+        self._random_recent = window
         return max_iter
 
     def get_next_batch(self, batch_size: int) -> TensorDict:
-        """The next batch of ``epoch_iterator``, or ``sample_batch(batch_size)`` when there is none.
+        """The next batch of ``epoch_iterator``, or ``sample_batch(batch_size)`` when there is none
+        (from the newest rows only, if :meth:`get_steps_and_iterator` was given ``recent``).
 
         Raises:
             StopIteration: the epoch iterator is exhausted (as ObjectRL's buffer does).
         """
         if self.epoch_iterator is None:
-            return self.sample_batch(batch_size)
+            return self.sample_batch(batch_size, recent=self._random_recent)
         return next(self.epoch_iterator)
 
     # ------------------------------------------------------------------ persistence

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["num_batches", "uniform_slots", "chronological_slots", "epoch_slots"]
+__all__ = ["num_batches", "uniform_slots", "chronological_slots", "epoch_slots", "recent_slots", "window_slots"]
 
 
 def num_batches(n_rows: int, batch_size: int) -> int:
@@ -44,3 +44,20 @@ def epoch_slots(size: int, batch_size: int, shuffle: bool, generator: torch.Gene
     order = torch.randperm(size, generator=generator, device=device) if shuffle else torch.arange(size, device=device)
     for start in range(0, size, batch_size):
         yield order[start : start + batch_size]
+
+
+def recent_slots(
+    pointer: int, size: int, capacity: int, window: int, k: int, generator: torch.Generator
+) -> torch.Tensor:
+    """``k`` slots drawn uniformly with replacement from the newest ``min(window, size)`` rows.
+
+    The newest row sits at slot ``pointer - 1``; going back ``j`` rows is slot ``pointer - 1 - j``
+    (mod ``capacity``), which stays among the stored rows for ``j < size``.
+    """
+    back = torch.randint(0, min(window, size), (k,), generator=generator, device=generator.device)
+    return (pointer - 1 - back).remainder_(capacity)
+
+
+def window_slots(pointer: int, size: int, capacity: int, window: int, device: torch.device) -> torch.Tensor:
+    """Slots of the newest ``min(window, size)`` rows, oldest first."""
+    return chronological_slots(pointer, min(window, size), capacity, device)

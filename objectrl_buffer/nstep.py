@@ -1,0 +1,91 @@
+"""n-step returns over the ring: a pure function of the stored columns and the ring state.
+
+For a transition at slot ``s`` the n-step target sums up to ``n`` rewards of the rows that follow it
+in time, ``R = sum_{j < m} gamma^j r_{s+j}``, and bootstraps from the row where the sum stopped:
+``next_state`` and ``terminated`` of row ``s + m - 1``, with discount ``gamma^m``. The sum stops
+early (``m < n``) at the first row that ends an episode (``terminated`` or ``truncated``; a truncated
+row stops the sum but is not terminal, so a trainer still bootstraps from its ``next_state``) and at
+the newest stored row (the write head): rows past it belong to another time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from objectrl_buffer.errors import InvalidArgumentError
+from objectrl_buffer.schema import Key
+from objectrl_buffer.trajectories import TransitionKeys, episode_ends, require_keys
+
+__all__ = ["check_n_step", "n_step_targets"]
+
+
+def check_n_step(n_step: object, gamma: object) -> tuple[int, float]:
+    """Validate ``n_step`` (an int >= 1) and ``gamma`` (a real number in ``[0, 1]``).
+
+    Raises:
+        InvalidArgumentError: naming the argument and the value.
+    """
+    if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
+        raise InvalidArgumentError(f"n_step must be an int >= 1, got {n_step!r}")
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
+        raise InvalidArgumentError(f"gamma must be a number in [0, 1], got {gamma!r}")
+    return n_step, float(gamma)
+
+
+def n_step_targets(
+    columns: Mapping[Key, torch.Tensor],
+    slots: torch.Tensor,
+    pointer: int,
+    size: int,
+    capacity: int,
+    n_step: int,
+    gamma: float,
+    keys: TransitionKeys,
+) -> dict[Key, torch.Tensor]:
+    """n-step values for the transitions at ``slots`` (1-D int64, on the columns' device).
+
+    Args:
+        columns: the stored columns, each ``[capacity, *row_shape]``.
+        slots: the sampled transitions (live slots).
+        pointer, size, capacity: the ring state (``pointer`` is the next slot written).
+        n_step: the most rewards summed (>= 1). gamma: the discount.
+        keys: which keys hold reward, next_state, terminated, truncated; where discount goes.
+
+    Returns:
+        On the columns' device, batch dimension ``k = len(slots)``:
+        ``keys.reward``: the discounted sum, dtype and row shape of the stored reward (a float dtype);
+        ``keys.next_state``, ``keys.terminated``, ``keys.truncated``: the stored values of the row the
+        sum stopped at; ``keys.discount``: ``gamma ** steps`` (float32 ``[k]``).
+
+    Raises:
+        SchemaError: a key in ``keys`` is not stored.
+    """
+    ends_keys = keys.episode_end
+    require_keys(columns, (keys.reward, keys.next_state, *ends_keys), "n-step sampling")
+    device = slots.device
+    k = slots.numel()
+    offsets = torch.arange(n_step, device=device)
+    window = (slots.unsqueeze(1) + offsets).remainder_(capacity)  # [k, n]
+    # Rows from each slot to the newest one (inclusive): the write head is never crossed.
+    oldest = (pointer - size) % capacity
+    available = size - (slots - oldest).remainder_(capacity)  # [k], >= 1
+    ends = episode_ends(columns, window, ends_keys).long()  # [k, n]
+    ended_before = ends.cumsum(1) - ends  # episode ends among the earlier rows of the window
+    used = (ended_before == 0) & (offsets < available.unsqueeze(1))  # a prefix of each row, >= 1 long
+    steps = used.sum(1)
+    last = window.gather(1, (steps - 1).unsqueeze(1)).squeeze(1)
+
+    reward_column = columns[keys.reward]
+    rewards = reward_column.index_select(0, window.reshape(-1)).reshape(k, n_step, *reward_column.shape[1:])
+    powers = torch.tensor([gamma**j for j in range(n_step)], dtype=torch.float64, device=device)
+    coefficient = torch.where(used, powers, 0.0).reshape(k, n_step, *([1] * (reward_column.dim() - 1)))
+    out_dtype = reward_column.dtype if reward_column.dtype.is_floating_point else torch.get_default_dtype()
+    targets: dict[Key, torch.Tensor] = {
+        keys.reward: (rewards.to(torch.float64) * coefficient).sum(1).to(out_dtype),
+        keys.discount: torch.pow(gamma, steps.to(torch.float64)).to(torch.float32),
+    }
+    for key in (keys.next_state, *ends_keys):
+        targets[key] = columns[key].index_select(0, last)
+    return targets
