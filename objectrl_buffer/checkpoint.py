@@ -32,14 +32,14 @@ import secrets
 import shutil
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import torch
 
-from objectrl_buffer.checkpoint_data import BufferState, read_columns, read_manifest, verify_columns, write_data_folder
+from objectrl_buffer.checkpoint_data import BufferState, read_data, read_manifest, verify_data, write_data_folder
 from objectrl_buffer.checkpoint_io import atomic_write, fsync_path, remove_in_background, wait_for_cleanup
-from objectrl_buffer.checkpoint_manifest import Manifest
+from objectrl_buffer.checkpoint_manifest import ExtraValue, Manifest
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 from objectrl_buffer.schema import Schema
 from objectrl_buffer.storage import TransitionStorage
@@ -151,7 +151,12 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class Restored:
-    """What a load hands the buffer to adopt; ``storage is None`` means counters only (metadata-only)."""
+    """What a load hands the buffer to adopt; ``storage is None`` means counters only (metadata-only).
+
+    ``extra_arrays`` (new CPU tensors, checksums verified when asked) and ``extra_values`` are what a
+    buffer subclass saved in :attr:`BufferState.extra_arrays`/``extra_values``; empty for a checkpoint
+    without them. ``source`` names the checkpoint (its data folder, else its metadata file) for errors.
+    """
 
     buffer_size: int
     data_size: int
@@ -160,10 +165,21 @@ class Restored:
     generator_state: torch.Tensor | None = None  # set_state() on the buffer's generator
     generator_seed: int | None = None  # manual_seed() instead, when the state is for another device type
     shuffle: bool | None = None
+    extra_arrays: dict[str, torch.Tensor] = field(default_factory=dict)
+    extra_values: dict[str, ExtraValue] = field(default_factory=dict)
+    source: str = ""
 
 
 class Checkpointable(Protocol):
+    """What :func:`load_checkpoint` needs of a buffer.
+
+    ``_check_checkpoint`` may refuse a fully read checkpoint (raise :class:`CheckpointError`) and must
+    then change nothing; ``_restore_checkpoint`` adopts it and must not fail.
+    """
+
     def _checkpoint_state(self) -> BufferState: ...
+
+    def _check_checkpoint(self, restored: Restored) -> None: ...
 
     def _restore_checkpoint(self, restored: Restored) -> None: ...
 
@@ -288,10 +304,13 @@ def load_checkpoint(
 
     Capacity and schema: a buffer that holds rows only loads a checkpoint of its own ``buffer_size``
     and (for a full checkpoint) its own keys/shapes/dtypes; an empty buffer adopts whatever was saved.
+    Everything (rows, extra arrays) is read and checked, and ``buffer._check_checkpoint`` has accepted
+    it, before ``buffer._restore_checkpoint`` changes anything.
 
     Raises:
         CheckpointNotFoundError, CheckpointError: see :func:`open_checkpoint`; also a capacity or schema
-            that does not fit, or a checksum mismatch (when ``verify``). ``buffer`` is then unchanged.
+            that does not fit, a checksum mismatch (when ``verify``), or saved extras the buffer refuses.
+            ``buffer`` is then unchanged.
     """
     ckpt = open_checkpoint(path)
     state = buffer._checkpoint_state()
@@ -304,7 +323,9 @@ def load_checkpoint(
         )
     manifest = ckpt.manifest
     if manifest is None or ckpt.data_folder is None:
-        buffer._restore_checkpoint(Restored(capacity, size, pointer))
+        restored = Restored(capacity, size, pointer, source=ckpt.metadata_file)
+        buffer._check_checkpoint(restored)
+        buffer._restore_checkpoint(restored)
         return
     if holds_rows and manifest.schema is not None and _layout(manifest.schema) != _layout(state.schema):
         raise CheckpointError(
@@ -318,13 +339,27 @@ def load_checkpoint(
             torch.Generator(device=state.storing_device).set_state(generator_state)
         except RuntimeError as exc:
             raise CheckpointError(f"'{ckpt.data_folder}' holds an invalid generator state: {exc}") from None
+    seed = None if generator_state is not None else manifest.generator_seed
     storage = None
     try:
         storage = TransitionStorage(capacity, state.storing_device, state.storage_dir)
         schema = manifest.schema
         if schema is not None:
             storage.initialize(schema, {f.key: torch.zeros(f.shape, dtype=f.dtype) for f in schema.fields})
-            read_columns(ckpt.data_folder, manifest, storage.columns, verify, progress)
+        extras = read_data(ckpt.data_folder, manifest, storage.columns, verify, progress)
+        restored = Restored(
+            capacity,
+            size,
+            pointer,
+            storage,
+            generator_state,
+            seed,
+            manifest.shuffle,
+            extra_arrays=extras,
+            extra_values=dict(manifest.extra_values),
+            source=ckpt.data_folder,
+        )
+        buffer._check_checkpoint(restored)
     except BaseException as exc:
         if storage is not None:
             storage.close()
@@ -333,8 +368,7 @@ def load_checkpoint(
                 f"cannot load '{ckpt.data_folder}' into new storage on {state.storing_device}: {exc}"
             ) from exc
         raise
-    seed = None if generator_state is not None else manifest.generator_seed
-    buffer._restore_checkpoint(Restored(capacity, size, pointer, storage, generator_state, seed, manifest.shuffle))
+    buffer._restore_checkpoint(restored)
 
 
 def verify_checkpoint(path: str | os.PathLike[str], progress: bool | None = None) -> Checkpoint:
@@ -345,7 +379,7 @@ def verify_checkpoint(path: str | os.PathLike[str], progress: bool | None = None
     """
     ckpt = open_checkpoint(path)
     if ckpt.manifest is not None and ckpt.data_folder is not None:
-        verify_columns(ckpt.data_folder, ckpt.manifest, progress)
+        verify_data(ckpt.data_folder, ckpt.manifest, progress)
     return ckpt
 
 
@@ -363,14 +397,17 @@ B = TypeVar("B")
 
 
 def build_from_checkpoint(
-    make: Callable[[torch.device | str, torch.device | str, int], B],
+    make: Callable[[torch.device | str, torch.device | str, Checkpoint], B],
     load: Callable[[B], None],
     close: Callable[[B], None],
     path: str | os.PathLike[str],
     device: torch.device | str | None,
     storing_device: torch.device | str | None,
 ) -> B:
-    """``make(device, storing_device, buffer_size)`` sized from the checkpoint, then ``load`` it (``close`` on failure).
+    """``make(device, storing_device, checkpoint)`` (opened and validated), then ``load`` it (``close`` on failure).
+
+    ``make`` sizes the buffer from ``checkpoint.meta["buffer_size"]`` and may take other constructor
+    arguments from ``checkpoint.manifest`` (a subclass's saved settings).
 
     ``None`` devices default to those recorded at save time when available here, else ``"cpu"``.
     """
@@ -380,7 +417,7 @@ def build_from_checkpoint(
         device = _usable(saved.device, "device", ckpt.metadata_file) if saved else "cpu"
     if storing_device is None:
         storing_device = _usable(saved.storing_device, "storing_device", ckpt.metadata_file) if saved else "cpu"
-    buffer = make(device, storing_device, ckpt.meta["buffer_size"])
+    buffer = make(device, storing_device, ckpt)
     try:
         load(buffer)
     except BaseException:

@@ -5,6 +5,7 @@ Layout of ``<path>.data-<16 hex digits>/`` (data format version 1)::
     000-state.bin      column 0: the rows of storage slots 0 .. data_size-1, C order, native byte order
     001-action.bin     (recorded in the manifest, little-endian on every platform we know), no header
     ...
+    extra-prioritized.priority.bin   an extra array of a buffer subclass (raw, C order), if it has any
     manifest.json      written last: what the folder holds (see :mod:`~objectrl_buffer.checkpoint_manifest`)
 
 Rows are stored in **slot order** (file row ``i`` is storage slot ``i``), so a load puts every row back
@@ -28,7 +29,7 @@ import os
 import zlib
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,15 +37,18 @@ from objectrl_buffer.checkpoint_io import Crc32, Progress, fsync_path, progress_
 from objectrl_buffer.checkpoint_manifest import (
     MANIFEST,
     Column,
+    ExtraArray,
+    ExtraValue,
     Manifest,
     column_file_name,
+    extra_file_name,
     manifest_bytes,
     parse_manifest,
 )
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 from objectrl_buffer.schema import Key, Schema, format_key
 
-__all__ = ["CHUNK_BYTES", "BufferState", "write_data_folder", "read_manifest", "read_columns", "verify_columns"]
+__all__ = ["CHUNK_BYTES", "BufferState", "write_data_folder", "read_manifest", "read_data", "verify_data"]
 
 CHUNK_BYTES = 64 << 20
 
@@ -54,7 +58,9 @@ class BufferState:
     """What a buffer hands over to be saved (references, nothing copied).
 
     ``columns`` maps each key of ``schema`` to its storage tensor ``[buffer_size, *shape]`` on
-    ``storing_device``; only its first ``data_size`` rows are saved.
+    ``storing_device``; only its first ``data_size`` rows are saved. ``extra_arrays`` (any shape,
+    dtype and device) and ``extra_values`` (finite numbers, bools, strings) are a subclass's own state,
+    saved whole under their names (dotted, owner first: ``"prioritized.priority"``).
     """
 
     buffer_size: int
@@ -67,6 +73,8 @@ class BufferState:
     device: torch.device
     storing_device: torch.device
     storage_dir: str | os.PathLike[str] | None
+    extra_arrays: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    extra_values: Mapping[str, ExtraValue] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -79,29 +87,23 @@ def _byte_view(column: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- writing
-def write_data_folder(folder: str, state: BufferState, progress: bool | None = None) -> int:
-    """Write the columns and the manifest of ``state`` into the empty, existing ``folder``; fsync all.
+def _write_files(folder: str, payloads: list[tuple[str, torch.Tensor]], progress: bool | None) -> list[int]:
+    """Write each ``(file name, flat uint8 tensor)`` as a new file in ``folder``; fsync them; return their crc32s.
 
-    Columns first, the manifest last (it records their sizes and crc32s), then the folder itself. Each
-    column's fsync runs on a worker while the next column is written, and the checksums on another
-    (see :mod:`~objectrl_buffer.checkpoint_io`). Returns the crc32 of the manifest bytes (the metadata
-    file records it). ``OSError`` propagates: the caller names the checkpoint and removes the folder.
+    Each file's fsync runs on a worker while the next file is written, and the checksums on another
+    (see :mod:`~objectrl_buffer.checkpoint_io`). Tensors on an accelerator go through one host chunk.
     """
-    rows = state.data_size
-    fields = state.schema.fields if state.schema is not None and rows else ()
-    written: list[tuple[Column, Crc32]] = []
     fds: list[int] = []
+    crcs: list[Crc32] = []
     staging: torch.Tensor | None = None
     try:
         with (
             ThreadPoolExecutor(1, thread_name_prefix="objectrl_buffer-crc") as crc_pool,
             ThreadPoolExecutor(4, thread_name_prefix="objectrl_buffer-fsync") as sync_pool,
-            progress_bar(rows * sum(f.row_bytes for f in fields), f"saving {folder}", progress) as bar,
+            progress_bar(sum(flat.numel() for _, flat in payloads), f"saving {folder}", progress) as bar,
         ):
             syncs = []
-            for index, field in enumerate(fields):
-                name = column_file_name(index, field.key)
-                flat = _byte_view(state.columns[field.key], rows)
+            for name, flat in payloads:
                 crc = Crc32(crc_pool)
                 fds.append(os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
                 for start in range(0, flat.numel(), CHUNK_BYTES):
@@ -109,7 +111,7 @@ def write_data_folder(folder: str, state: BufferState, progress: bool | None = N
                     on_host = chunk.device.type == "cpu"
                     if not on_host:  # one host staging chunk, reused: wait for its checksum below
                         if staging is None:
-                            largest = max(rows * f.row_bytes for f in fields)
+                            largest = max(f.numel() for _, f in payloads)
                             staging = torch.empty(min(CHUNK_BYTES, largest), dtype=torch.uint8)
                         chunk = staging[: chunk.numel()].copy_(chunk)
                     view = chunk.numpy().data
@@ -119,15 +121,45 @@ def write_data_folder(folder: str, state: BufferState, progress: bool | None = N
                         summed.result()
                     bar.update(len(view))
                 syncs.append(sync_pool.submit(os.fsync, fds[-1]))
-                written.append((Column(field, name, flat.numel(), 0), crc))
+                crcs.append(crc)
             for sync in syncs:
                 sync.result()
-            columns = [Column(c.field, c.file, c.nbytes, crc.value()) for c, crc in written]
+            return [crc.value() for crc in crcs]
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def write_data_folder(folder: str, state: BufferState, progress: bool | None = None) -> int:
+    """Write the columns, the extra arrays and the manifest of ``state`` into the empty, existing ``folder``.
+
+    Columns and extra arrays first, the manifest last (it records their sizes and crc32s), then the
+    folder itself; everything is fsynced. Returns the crc32 of the manifest bytes (the metadata file
+    records it). ``OSError`` propagates: the caller names the checkpoint and removes the folder.
+    """
+    rows = state.data_size
+    fields = state.schema.fields if state.schema is not None and rows else ()
+    extras = {name: array.detach().contiguous() for name, array in state.extra_arrays.items()}
+    payloads = [(column_file_name(i, f.key), _byte_view(state.columns[f.key], rows)) for i, f in enumerate(fields)]
+    payloads += [(extra_file_name(name), array.reshape(-1).view(torch.uint8)) for name, array in extras.items()]
+    crcs = _write_files(folder, payloads, progress)
+    files = [(name, flat.numel(), crc) for (name, flat), crc in zip(payloads, crcs, strict=True)]
+    columns = [Column(f, *file) for f, file in zip(fields, files, strict=False)]
+    extra_arrays = [
+        ExtraArray(name, array.shape, array.dtype, *file)
+        for (name, array), file in zip(extras.items(), files[len(fields) :], strict=True)
+    ]
     ring = (state.buffer_size, rows, state.pointer)
-    payload = manifest_bytes(columns, ring, state.shuffle, state.generator, state.device, state.storing_device)
+    payload = manifest_bytes(
+        columns,
+        ring,
+        state.shuffle,
+        state.generator,
+        state.device,
+        state.storing_device,
+        extra_arrays,
+        state.extra_values,
+    )
     fd = os.open(os.path.join(folder, MANIFEST), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         write_all(fd, memoryview(payload))
@@ -139,15 +171,29 @@ def write_data_folder(folder: str, state: BufferState, progress: bool | None = N
 
 
 # ---------------------------------------------------------------------------------------------- reading
+def _check_file(path: str, nbytes: int, what: str) -> None:
+    """Raise if the data file ``path`` (``what`` names it for humans) is missing, a folder, or not ``nbytes`` long."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{what} file '{path}' is missing") from None
+    if not os.path.isfile(path):
+        raise CheckpointError(f"'{path}' is a folder, expected the {what} file")
+    if size != nbytes:
+        raise CheckpointError(
+            f"'{path}' has {size} bytes, its manifest records {nbytes}: the file is truncated or damaged"
+        )
+
+
 def read_manifest(folder: str, expected_crc32: int | None) -> Manifest:
-    """Read and validate ``folder/manifest.json`` (and that every column file exists with its size).
+    """Read and validate ``folder/manifest.json`` (and that every column and extra file exists with its size).
 
     Raises:
-        CheckpointNotFoundError: the folder or the manifest does not exist.
+        CheckpointNotFoundError: the folder, the manifest or a file it lists does not exist.
         CheckpointError: the folder is a file, the manifest's crc32 differs from ``expected_crc32``, it is
             not valid JSON or misses fields, its data format version is newer than this library reads,
-            it was written on a machine of the other byte order, or a column file is missing, not a
-            file, or of the wrong size (truncated).
+            it was written on a machine of the other byte order, or a column or extra file is not a
+            file or of the wrong size (truncated).
     """
     if not os.path.lexists(folder):
         raise CheckpointNotFoundError(f"the checkpoint's data folder '{folder}' does not exist")
@@ -165,26 +211,24 @@ def read_manifest(folder: str, expected_crc32: int | None) -> Manifest:
         raise CheckpointError(f"'{where}' is corrupted: its crc32 differs from the one recorded in the metadata")
     manifest = parse_manifest(payload, where)
     for column in manifest.columns:
-        path = os.path.join(folder, column.file)
-        try:
-            size = os.stat(path).st_size
-        except FileNotFoundError:
-            raise CheckpointNotFoundError(
-                f"column file '{path}' of '{format_key(column.field.key)}' is missing"
-            ) from None
-        if not os.path.isfile(path):
-            raise CheckpointError(f"'{path}' is a folder, expected a column file")
-        if size != column.nbytes:
-            raise CheckpointError(
-                f"'{path}' has {size} bytes, its manifest records {column.nbytes}: the file is truncated or damaged"
-            )
+        _check_file(os.path.join(folder, column.file), column.nbytes, f"column '{format_key(column.field.key)}'")
+    for extra in manifest.extra_arrays:
+        _check_file(os.path.join(folder, extra.file), extra.nbytes, f"extra array '{extra.name}'")
     return manifest
 
 
-def _copy_columns(
-    folder: str, manifest: Manifest, targets: Mapping[Key, torch.Tensor] | None, verify: bool, bar: Progress
-) -> None:
-    """Stream every column file in chunks: into ``targets`` (storage columns) when given; check crc32s if ``verify``.
+@dataclass(frozen=True)
+class _File:
+    """One data file to stream: its name, size and recorded crc32, and where its bytes go (``None``: nowhere)."""
+
+    name: str
+    nbytes: int
+    crc32: int
+    target: torch.Tensor | None  # flat uint8, nbytes long, any device
+
+
+def _copy_files(folder: str, files: list[_File], verify: bool, bar: Progress) -> None:
+    """Stream every file in chunks into its target when it has one; check crc32s if ``verify``.
 
     CPU targets are read straight into (no intermediate copy); otherwise through two alternating host
     chunks, so the checksum of one chunk runs while the next is read.
@@ -192,18 +236,18 @@ def _copy_columns(
     scratch: list[torch.Tensor] = []
     pending: list[Future[None] | None] = [None, None]
     with ThreadPoolExecutor(1, thread_name_prefix="objectrl_buffer-crc") as crc_pool:
-        for column in manifest.columns:
-            path = os.path.join(folder, column.file)
-            flat = _byte_view(targets[column.field.key], manifest.data_size) if targets is not None else None
+        for file in files:
+            path = os.path.join(folder, file.name)
+            flat = file.target
             direct = flat is not None and flat.device.type == "cpu"
-            if not direct and not scratch and column.nbytes:
-                size = min(CHUNK_BYTES, max(c.nbytes for c in manifest.columns))
+            if not direct and not scratch and file.nbytes:
+                size = min(CHUNK_BYTES, max(f.nbytes for f in files))
                 scratch = [torch.empty(size, dtype=torch.uint8) for _ in range(2)]
             crc = Crc32(crc_pool)
             try:
                 with open(path, "rb", buffering=0) as f:
-                    for i, start in enumerate(range(0, column.nbytes, CHUNK_BYTES)):
-                        n = min(CHUNK_BYTES, column.nbytes - start)
+                    for i, start in enumerate(range(0, file.nbytes, CHUNK_BYTES)):
+                        n = min(CHUNK_BYTES, file.nbytes - start)
                         if direct and flat is not None:
                             chunk = flat[start : start + n]
                         else:
@@ -220,32 +264,43 @@ def _copy_columns(
                         bar.update(n)
             except OSError as exc:
                 raise CheckpointError(f"cannot read '{path}': {exc.strerror or exc}") from exc
-            if verify and crc.value() != column.crc32:
+            if verify and crc.value() != file.crc32:
                 raise CheckpointError(
                     f"checksum mismatch in '{path}' (crc32 {crc.value():08x}, manifest records "
-                    f"{column.crc32:08x}): the checkpoint is corrupted"
+                    f"{file.crc32:08x}): the checkpoint is corrupted"
                 )
             pending = [None, None]
 
 
-def read_columns(
+def read_data(
     folder: str,
     manifest: Manifest,
     columns: Mapping[Key, torch.Tensor],
     verify: bool = True,
     progress: bool | None = None,
-) -> None:
-    """Copy the rows of every column file into ``columns`` (storage tensors ``[capacity, *shape]``, any device).
+) -> dict[str, torch.Tensor]:
+    """Copy the rows of every column file into ``columns`` (storage tensors ``[capacity, *shape]``, any device)
+    and return the extra arrays as new CPU tensors (name -> tensor of the recorded shape and dtype).
 
     Reads in chunks straight into the storage (CPU) or through two host chunks (other devices); the
     checkpoint files are only read, never mapped. Raises :class:`CheckpointError` on a
     checksum mismatch (when ``verify``) or a read error; ``columns`` may then hold partial data.
     """
-    with progress_bar(manifest.nbytes, f"loading {folder}", progress) as bar:
-        _copy_columns(folder, manifest, columns, verify, bar)
+    extras = {a.name: torch.empty(a.shape, dtype=a.dtype) for a in manifest.extra_arrays}
+    files = [
+        _File(c.file, c.nbytes, c.crc32, _byte_view(columns[c.field.key], manifest.data_size)) for c in manifest.columns
+    ]
+    files += [
+        _File(a.file, a.nbytes, a.crc32, extras[a.name].reshape(-1).view(torch.uint8)) for a in manifest.extra_arrays
+    ]
+    with progress_bar(manifest.nbytes + manifest.extra_nbytes, f"loading {folder}", progress) as bar:
+        _copy_files(folder, files, verify, bar)
+    return extras
 
 
-def verify_columns(folder: str, manifest: Manifest, progress: bool | None = None) -> None:
-    """Re-check the crc32 of every column file (two chunks of RAM); raise CheckpointError if one differs."""
-    with progress_bar(manifest.nbytes, f"verifying {folder}", progress) as bar:
-        _copy_columns(folder, manifest, None, True, bar)
+def verify_data(folder: str, manifest: Manifest, progress: bool | None = None) -> None:
+    """Re-check the crc32 of every column and extra file (two chunks of RAM); raise CheckpointError if one differs."""
+    files = [_File(c.file, c.nbytes, c.crc32, None) for c in manifest.columns]
+    files += [_File(a.file, a.nbytes, a.crc32, None) for a in manifest.extra_arrays]
+    with progress_bar(manifest.nbytes + manifest.extra_nbytes, f"verifying {folder}", progress) as bar:
+        _copy_files(folder, files, verify=True, bar=bar)

@@ -14,12 +14,21 @@ Data format version 1. Example (a MuJoCo buffer, abridged)::
                   "bytes": 68000000, "crc32": "9d92974a"}, ...],
      "sampling": {"shuffle": false,
                   "generator": {"device": "cpu", "initial_seed": 0, "state": "<base64 of get_state()>"}},
-     "devices": {"device": "cuda:0", "storing_device": "cpu"}
+     "devices": {"device": "cuda:0", "storing_device": "cpu"},
+     "extras": {"arrays": [{"name": "prioritized.priority", "shape": [1000000], "dtype": "float64",
+                            "file": "extra-prioritized.priority.bin", "bytes": 8000000, "crc32": "5a01c2d4"}],
+                "values": {"prioritized.max_priority": 7.25, "prioritized.alpha": 0.6, ...}}
     }
 
 ``key`` is the list of a (possibly nested) tensordict key's parts; ``dtype`` a torch dtype name;
 ``bytes`` is always ``data_size * prod(shape) * itemsize``. Readers refuse a newer ``format_version``
 and ignore keys they do not know, so later versions may add keys without breaking older readers.
+
+``extras`` (optional; absent in checkpoints of a plain buffer) is where a buffer subclass keeps its
+own state: ``arrays`` are raw files like the columns (any shape, ``bytes = prod(shape) * itemsize``,
+crc32, file name ``extra-<name>.bin``), ``values`` small JSON scalars (finite numbers, bools,
+strings). Names are dotted, the owner first (``prioritized.priority``). The key was added within data
+format version 1: a reader that predates it ignores it and loads the rows without the extras.
 Parsing never executes anything: ``json.loads``, then type and range checks of every field.
 """
 
@@ -28,14 +37,16 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import platform
 import re
 import socket
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata as importlib_metadata
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -47,8 +58,11 @@ __all__ = [
     "DATA_FORMAT_VERSION",
     "MANIFEST",
     "Column",
+    "ExtraArray",
+    "ExtraValue",
     "Manifest",
     "column_file_name",
+    "extra_file_name",
     "manifest_bytes",
     "parse_manifest",
 ]
@@ -59,6 +73,10 @@ MANIFEST = "manifest.json"
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 _FILE_NAME = re.compile(r"[0-9]{3,}-[A-Za-z0-9_.-]{0,64}\.bin")
+_EXTRA_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+
+#: A scalar kept in the manifest's ``extras.values``.
+ExtraValue: TypeAlias = bool | int | float | str
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,18 @@ class Column:
     """One column file as the manifest describes it."""
 
     field: Field
+    file: str
+    nbytes: int
+    crc32: int
+
+
+@dataclass(frozen=True)
+class ExtraArray:
+    """One extra array file (a buffer subclass's own state) as the manifest describes it."""
+
+    name: str
+    shape: torch.Size
+    dtype: torch.dtype
     file: str
     nbytes: int
     crc32: int
@@ -87,6 +117,8 @@ class Manifest:
     storing_device: str
     created: dict[str, Any]
     format_version: int
+    extra_arrays: tuple[ExtraArray, ...] = ()
+    extra_values: dict[str, ExtraValue] = field(default_factory=dict)
 
     @property
     def schema(self) -> Schema | None:
@@ -98,11 +130,27 @@ class Manifest:
         """Bytes of all column files together."""
         return sum(c.nbytes for c in self.columns)
 
+    @property
+    def extra_nbytes(self) -> int:
+        """Bytes of all extra array files together."""
+        return sum(a.nbytes for a in self.extra_arrays)
+
 
 def column_file_name(index: int, key: Key) -> str:
     """``"003-next_state.bin"``: the column's position, then its key made file-name safe (for humans)."""
     readable = re.sub(r"[^A-Za-z0-9_.-]", "_", format_key(key))[:64]
     return f"{index:03d}-{readable}.bin"
+
+
+def extra_file_name(name: str) -> str:
+    """``"extra-prioritized.priority.bin"``: the file of the extra array ``name``.
+
+    Raises:
+        ValueError: ``name`` is not a letter followed by up to 63 of ``A-Z a-z 0-9 _ . -``.
+    """
+    if not _EXTRA_NAME.fullmatch(name):
+        raise ValueError(f"bad extra name {name!r}: a letter, then up to 63 of A-Z a-z 0-9 _ . -")
+    return f"extra-{name}.bin"
 
 
 def _creation_info() -> dict[str, Any]:
@@ -131,9 +179,18 @@ def manifest_bytes(
     generator: torch.Generator,
     device: torch.device,
     storing_device: torch.device,
+    extra_arrays: Sequence[ExtraArray] = (),
+    extra_values: Mapping[str, ExtraValue] | None = None,
 ) -> bytes:
-    """The manifest of a data folder holding ``columns``, as UTF-8 JSON. ``ring``: (buffer_size, data_size, pointer)."""
-    manifest = {
+    """The manifest of a data folder holding ``columns``, as UTF-8 JSON. ``ring``: (buffer_size, data_size, pointer).
+
+    ``extras`` is written only when there are extra arrays or values (a plain buffer's manifest is
+    unchanged).
+
+    Raises:
+        ValueError: an extra value is not a finite number, a bool or a string, or its name is bad.
+    """
+    manifest: dict[str, Any] = {
         "format": DATA_FORMAT,
         "format_version": DATA_FORMAT_VERSION,
         "created": _creation_info(),
@@ -160,7 +217,27 @@ def manifest_bytes(
         },
         "devices": {"device": str(device), "storing_device": str(storing_device)},
     }
-    return json.dumps(manifest, indent=1).encode("utf-8")
+    values = dict(extra_values or {})
+    if extra_arrays or values:
+        for name, value in values.items():
+            extra_file_name(name)  # validates the name
+            if not _extra_value(value):
+                raise ValueError(f"extra value {name!r} must be a finite number, a bool or a string, got {value!r}")
+        manifest["extras"] = {
+            "arrays": [
+                {
+                    "name": a.name,
+                    "shape": list(a.shape),
+                    "dtype": str(a.dtype).removeprefix("torch."),
+                    "file": a.file,
+                    "bytes": a.nbytes,
+                    "crc32": f"{a.crc32:08x}",
+                }
+                for a in extra_arrays
+            ],
+            "values": values,
+        }
+    return json.dumps(manifest, indent=1, allow_nan=False).encode("utf-8")
 
 
 def _require(condition: bool, where: str, problem: str) -> None:
@@ -170,6 +247,13 @@ def _require(condition: bool, where: str, problem: str) -> None:
 
 def _int(value: Any) -> bool:
     return type(value) is int and value >= 0
+
+
+def _extra_value(value: Any) -> bool:
+    """Whether ``value`` may be an extra value: a bool, an int, a finite float or a string."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, (bool, int, str))
 
 
 def _parse_column(raw: Any, rows: int, where: str) -> Column:
@@ -189,6 +273,40 @@ def _parse_column(raw: Any, rows: int, where: str) -> Column:
     crc = raw.get("crc32")
     _require(isinstance(crc, str) and re.fullmatch(r"[0-9a-f]{8}", crc) is not None, where, f"bad crc32 {crc!r}")
     return Column(field, name, rows * field.row_bytes, int(crc, 16))
+
+
+def _parse_extra_array(raw: Any, where: str) -> ExtraArray:
+    _require(isinstance(raw, dict), where, f"an extra array entry is {type(raw).__name__}, expected an object")
+    name, shape, dtype_name, file = raw.get("name"), raw.get("shape"), raw.get("dtype"), raw.get("file")
+    _require(isinstance(name, str) and _EXTRA_NAME.fullmatch(name) is not None, where, f"bad extra name {name!r}")
+    _require(isinstance(shape, list) and all(_int(s) for s in shape), where, f"bad shape {shape!r} of {name}")
+    _require(dtype_name in _DTYPES, where, f"unknown dtype {dtype_name!r} of {name}")
+    _require(file == extra_file_name(name), where, f"bad file name {file!r} of {name}")
+    size, dtype = torch.Size(shape), _DTYPES[dtype_name]
+    nbytes = size.numel() * dtype.itemsize
+    _require(raw.get("bytes") == nbytes, where, f"extra array {name} records {raw.get('bytes')} bytes for {shape}")
+    crc = raw.get("crc32")
+    _require(isinstance(crc, str) and re.fullmatch(r"[0-9a-f]{8}", crc) is not None, where, f"bad crc32 {crc!r}")
+    return ExtraArray(name, size, dtype, file, nbytes, int(crc, 16))
+
+
+def _parse_extras(raw: Any, where: str) -> tuple[tuple[ExtraArray, ...], dict[str, ExtraValue]]:
+    """The optional ``extras`` object: ``(arrays, values)``, both empty when it is absent."""
+    if raw is None:
+        return (), {}
+    _require(isinstance(raw, dict), where, "'extras' must be an object")
+    arrays_raw, values = raw.get("arrays", []), raw.get("values", {})
+    _require(isinstance(arrays_raw, list), where, "'extras.arrays' must be a list")
+    _require(isinstance(values, dict), where, "'extras.values' must be an object")
+    arrays = tuple(_parse_extra_array(a, where) for a in arrays_raw)
+    names = [a.name for a in arrays]
+    _require(len(set(names)) == len(names), where, "an extra array name appears twice")
+    for name, value in values.items():
+        _require(_EXTRA_NAME.fullmatch(name) is not None, where, f"bad extra name {name!r}")
+        _require(
+            _extra_value(value), where, f"extra value {name!r} is {value!r}, expected a finite number, bool or str"
+        )
+    return arrays, values
 
 
 def parse_manifest(payload: bytes, where: str) -> Manifest:
@@ -233,6 +351,7 @@ def parse_manifest(payload: bytes, where: str) -> Manifest:
             devices["storing_device"],
             raw.get("created", {}),
             version,
+            *_parse_extras(raw.get("extras"), where),
         )
     except (KeyError, TypeError) as exc:
         raise CheckpointError(f"'{where}' is not a valid manifest: missing or malformed {exc}") from None

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import RandomSampler, RoundRobinWriter, TensorDictReplayBuffer
 
-from objectrl_buffer.checkpoint import Restored, build_from_checkpoint, load_checkpoint, save_checkpoint
+from objectrl_buffer.checkpoint import Checkpoint, Restored, build_from_checkpoint, load_checkpoint, save_checkpoint
 from objectrl_buffer.checkpoint_data import BufferState
 from objectrl_buffer.errors import (
     EmptyBufferError,
@@ -42,6 +42,7 @@ __all__ = ["ReplayBuffer"]
 
 Transition: TypeAlias = TensorDictBase | Mapping[str, Any]
 Slots: TypeAlias = Sequence[int] | range | torch.Tensor | int
+RB = TypeVar("RB", bound="ReplayBuffer")
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -569,7 +570,7 @@ class ReplayBuffer:
 
     @classmethod
     def from_checkpoint(
-        cls,
+        cls: type[RB],
         path: str | os.PathLike[str],
         device: torch.device | str | None = None,
         storing_device: torch.device | str | None = None,
@@ -577,18 +578,19 @@ class ReplayBuffer:
         verify: bool = True,
         progress: bool | None = None,
         **kwargs: Any,
-    ) -> ReplayBuffer:
+    ) -> RB:
         """A new buffer of the saved capacity holding the checkpoint at ``path``.
 
         ``device``/``storing_device`` default to those recorded at save time when available here,
         else ``"cpu"``. ``kwargs`` go to the constructor (``seed`` is overridden by a saved generator
-        state; an explicit ``shuffle`` wins over the saved one).
+        state; an explicit ``shuffle`` wins over the saved one; a subclass's saved settings, such as
+        a PrioritizedReplayBuffer's ``alpha``/``beta``/``eps``, are used unless given here).
 
         Raises:
             CheckpointNotFoundError, CheckpointError: as :meth:`load`.
         """
         buffer = build_from_checkpoint(
-            lambda d, s, n: cls(d, s, n, **kwargs),
+            lambda d, s, ckpt: cls(d, s, ckpt.meta["buffer_size"], **{**cls._checkpoint_kwargs(ckpt), **kwargs}),
             lambda b: b.load(path, verify=verify, progress=progress),
             lambda b: b.close(),
             path,
@@ -600,6 +602,11 @@ class ReplayBuffer:
         return buffer
 
     # ------------------------------------------------------------------ checkpoint hooks
+    @classmethod
+    def _checkpoint_kwargs(cls, ckpt: Checkpoint) -> dict[str, Any]:
+        """Constructor keyword arguments that :meth:`from_checkpoint` takes from a checkpoint (none here)."""
+        return {}
+
     def _checkpoint_state(self) -> BufferState:
         """References to everything a checkpoint holds (nothing is copied)."""
         return BufferState(
@@ -614,6 +621,9 @@ class ReplayBuffer:
             storing_device=self.storing_device,
             storage_dir=self.storage_dir,
         )
+
+    def _check_checkpoint(self, restored: Restored) -> None:
+        """Raise :class:`CheckpointError` if this buffer cannot adopt ``restored`` (a plain buffer adopts any)."""
 
     def _restore_checkpoint(self, restored: Restored) -> None:
         """Adopt a checkpoint that :func:`~objectrl_buffer.checkpoint.load_checkpoint` has fully read and checked."""
