@@ -1,6 +1,6 @@
 """``objectrl-buffer``: look into buffer checkpoints from the shell.
 
-    objectrl-buffer inspect PATH [--json]   capacity, size, pointer, schema, format, creation info
+    objectrl-buffer inspect PATH [--json]   capacity, size, pointer, schema, extras, format, creation info
     objectrl-buffer verify PATH             re-check every checksum: exit 0 if intact, 1 with the reason
 
 ``PATH`` is what was given to ``ReplayBuffer.save`` (the ``.metadata`` file's name is accepted too).
@@ -66,6 +66,18 @@ def describe(ckpt: Checkpoint, path: str) -> dict[str, Any]:
         generator={"device": manifest.generator_device, "initial_seed": manifest.generator_seed},
         devices={"device": manifest.device, "storing_device": manifest.storing_device},
         created=manifest.created,
+        extra_arrays=[
+            {
+                "name": a.name,
+                "shape": list(a.shape),
+                "dtype": str(a.dtype).removeprefix("torch."),
+                "bytes": a.nbytes,
+                "file": a.file,
+                "crc32": f"{a.crc32:08x}",
+            }
+            for a in manifest.extra_arrays
+        ],
+        extra_values=dict(manifest.extra_values),
     )
     return info
 
@@ -107,6 +119,11 @@ def _print_human(info: dict[str, Any]) -> None:
         )
     )
     print(line("devices", ", ".join(f"{k}={v}" for k, v in info["devices"].items())))
+    for extra in info["extra_arrays"]:
+        shape, size = tuple(extra["shape"]), _bytes(extra["bytes"])
+        print(line("extra", f"{extra['name']}: {extra['dtype']} {shape}, {size} in {extra['file']}"))
+    if info["extra_values"]:
+        print(line("extra", ", ".join(f"{k}={v!r}" for k, v in info["extra_values"].items())))
     created = dict(info["created"])
     when, host = created.pop("time", "?"), created.pop("host", "?")
     library = f"{created.pop('library', '?')} {created.pop('library_version', '')}".strip()
@@ -120,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="objectrl-buffer", description="Inspect and verify objectrl_buffer checkpoints."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    inspect = commands.add_parser("inspect", help="print capacity, size, pointer, schema, format and creation info")
+    inspect = commands.add_parser(
+        "inspect", help="print capacity, size, pointer, schema, extras, format and creation info"
+    )
     inspect.add_argument("path", help="the checkpoint path given to ReplayBuffer.save (or its .metadata file)")
     inspect.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     verify = commands.add_parser("verify", help="re-check every checksum; exit 0 if intact, 1 if not")
@@ -143,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"OK: {ckpt.metadata_file} is a valid metadata-only checkpoint (no data to check)")
     else:
         print(
-            f"OK: {path}: {ckpt.manifest.data_size} rows, {len(ckpt.manifest.columns)} column files, "
-            f"{_bytes(ckpt.manifest.nbytes)}, every crc32 matches"
+            f"OK: {path}: {ckpt.manifest.data_size} rows, {len(ckpt.manifest.columns)} column files"
+            + (f" + {len(ckpt.manifest.extra_arrays)} extra" if ckpt.manifest.extra_arrays else "")
+            + f", {_bytes(ckpt.manifest.nbytes + ckpt.manifest.extra_nbytes)}, every crc32 matches"
         )
     return 0

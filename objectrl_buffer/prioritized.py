@@ -18,10 +18,14 @@ Conventions (each one a choice among the published ones, stated here once):
 * New rows (``add``/``add_batch``, also when the ring overwrites an old slot) get the largest
   priority given since construction or the last ``reset`` (1.0 before any update), so each new row
   is likely to be replayed soon (baselines' convention).
+
+Checkpoints: ``save(path, data=True)`` keeps the priorities, ``max_priority`` and the settings, and
+``load``/``from_checkpoint`` restore them: see :mod:`objectrl_buffer.prioritized_checkpoint`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any
@@ -30,8 +34,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError
+from objectrl_buffer.checkpoint import Checkpoint, Restored
+from objectrl_buffer.checkpoint_data import BufferState
+from objectrl_buffer.errors import CheckpointError, EmptyBufferError, InvalidArgumentError
 from objectrl_buffer.nstep import check_n_step
+from objectrl_buffer.prioritized_checkpoint import priority_extras, saved_priorities, saved_settings
 from objectrl_buffer.priority_index import Backend, PriorityIndex, check_backend, make_priority_index
 from objectrl_buffer.replay_buffer import ReplayBuffer, Slots, Transition, _positive_int
 from objectrl_buffer.schema import leaves
@@ -40,6 +47,8 @@ __all__ = ["PrioritizedReplayBuffer", "WEIGHT_KEY"]
 
 #: Key of the importance weights in a prioritized sample (float32, ``[batch_size]``).
 WEIGHT_KEY = "weight"
+
+_RANGES = {"alpha": (0.0, math.inf), "beta": (0.0, 1.0), "eps": (0.0, math.inf)}  # name: (low, high)
 
 
 def _real(value: object, name: str, low: float, high: float) -> float:
@@ -90,9 +99,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         backend: Backend = "auto",
         **kwargs: Any,
     ) -> None:
-        alpha = _real(alpha, "alpha", 0.0, math.inf)
-        beta = _real(beta, "beta", 0.0, 1.0)
-        eps = _real(eps, "eps", 0.0, math.inf)
+        alpha = _real(alpha, "alpha", *_RANGES["alpha"])
+        beta = _real(beta, "beta", *_RANGES["beta"])
+        eps = _real(eps, "eps", *_RANGES["eps"])
         if alpha == math.inf or eps == math.inf:
             raise InvalidArgumentError(f"alpha and eps must be finite, got alpha={alpha}, eps={eps}")
         check_backend(backend, torch.device(storing_device))
@@ -111,7 +120,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     @alpha.setter
     def alpha(self, value: float) -> None:
-        alpha = _real(value, "alpha", 0.0, math.inf)
+        alpha = _real(value, "alpha", *_RANGES["alpha"])
         if alpha == math.inf:
             raise InvalidArgumentError("alpha must be finite")
         self._alpha = alpha
@@ -125,7 +134,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     @beta.setter
     def beta(self, value: float) -> None:
-        self._beta = _real(value, "beta", 0.0, 1.0)
+        self._beta = _real(value, "beta", *_RANGES["beta"])
 
     @property
     def eps(self) -> float:
@@ -270,13 +279,59 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._clear_priorities()
 
     def load(self, path: str | os.PathLike[str], *, verify: bool = True, progress: bool | None = None) -> None:
-        """As :meth:`ReplayBuffer.load`. The priorities restart uniform: every live slot gets
-        priority 1.0; restore saved ones with :meth:`load_priority_state`.
+        """As :meth:`ReplayBuffer.load`, priorities included: a full checkpoint of a prioritized buffer
+        restores every row's priority and :attr:`max_priority` (this buffer keeps its ``alpha``, ``beta``
+        and ``eps``); a checkpoint without priorities gives every live row priority 1.0.
+
+        Raises:
+            CheckpointNotFoundError, CheckpointError: as :meth:`ReplayBuffer.load`, also for saved
+                priorities that are damaged (checksum) or invalid (negative, not finite, wrong shape);
+                the buffer, priorities included, is then unchanged.
         """
         super().load(path, verify=verify, progress=progress)
-        self._clear_priorities()
-        if self.data_size:
-            self._give_new_rows_max_priority(torch.arange(self.data_size, device=self.storing_device))
+
+    # ------------------------------------------------------------------ checkpoint hooks
+    @classmethod
+    def _checkpoint_kwargs(cls, ckpt: Checkpoint, given: dict[str, Any]) -> dict[str, Any]:
+        """``given``, plus the saved ``alpha``/``beta``/``eps`` not in it, for :meth:`from_checkpoint`.
+
+        Raises:
+            CheckpointError: a saved setting that is used is out of range (naming the manifest).
+        """
+        kwargs = dict(given)
+        saved, where = saved_settings(ckpt)
+        for name, value in saved.items():
+            if name not in given:
+                try:
+                    kwargs[name] = _real(value, name, *_RANGES[name])
+                except InvalidArgumentError as exc:
+                    raise CheckpointError(f"'{where}' holds a bad saved setting: {exc}") from None
+        return kwargs
+
+    def _checkpoint_state(self) -> BufferState:
+        state = super()._checkpoint_state()
+        settings = {"alpha": self._alpha, "beta": self._beta, "eps": self._eps}
+        arrays, values = priority_extras(self._priority[: self.data_size], self.max_priority, settings)
+        return dataclasses.replace(
+            state, extra_arrays={**state.extra_arrays, **arrays}, extra_values={**state.extra_values, **values}
+        )
+
+    def _check_checkpoint(self, restored: Restored) -> None:
+        super()._check_checkpoint(restored)
+        saved_priorities(restored)
+
+    def _restore_checkpoint(self, restored: Restored) -> None:
+        saved = saved_priorities(restored)  # checked by _check_checkpoint: cannot raise here
+        super()._restore_checkpoint(restored)
+        self._clear_priorities()  # sized for the restored capacity
+        if saved is None:  # no saved priorities: every live row starts at max_priority (1.0)
+            if self.data_size:
+                self._give_new_rows_max_priority(torch.arange(self.data_size, device=self.storing_device))
+            return
+        priority, max_priority = saved
+        self._priority[: self.data_size] = priority.to(self.storing_device)
+        self._max_priority.fill_(max_priority)
+        self._index.rebuild(self._priority, self.data_size)
 
     # ------------------------------------------------------------------ sampling
     def sample_batch(

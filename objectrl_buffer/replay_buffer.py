@@ -590,7 +590,7 @@ class ReplayBuffer:
             CheckpointNotFoundError, CheckpointError: as :meth:`load`.
         """
         buffer = build_from_checkpoint(
-            lambda d, s, ckpt: cls(d, s, ckpt.meta["buffer_size"], **{**cls._checkpoint_kwargs(ckpt), **kwargs}),
+            lambda d, s, ckpt: cls(d, s, ckpt.meta["buffer_size"], **cls._checkpoint_kwargs(ckpt, kwargs)),
             lambda b: b.load(path, verify=verify, progress=progress),
             lambda b: b.close(),
             path,
@@ -603,9 +603,10 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ checkpoint hooks
     @classmethod
-    def _checkpoint_kwargs(cls, ckpt: Checkpoint) -> dict[str, Any]:
-        """Constructor keyword arguments that :meth:`from_checkpoint` takes from a checkpoint (none here)."""
-        return {}
+    def _checkpoint_kwargs(cls, ckpt: Checkpoint, given: dict[str, Any]) -> dict[str, Any]:
+        """The constructor keyword arguments of :meth:`from_checkpoint`: those ``given``, plus any a subclass
+        takes from the checkpoint (none here)."""
+        return dict(given)
 
     def _checkpoint_state(self) -> BufferState:
         """References to everything a checkpoint holds (nothing is copied)."""

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -111,6 +112,62 @@ def test_every_dtype_and_nested_keys_round_trip_bit_exactly(tmp_path: Path) -> N
     assert loaded.schema == rb.schema
     assert ("obs", "pixels") in loaded.schema.by_key
     assert_same(snapshot(loaded), snapshot(rb))
+
+
+class WithExtras(ReplayBuffer):
+    """A subclass that saves extra arrays and values, and keeps what a load hands it."""
+
+    ARRAYS: ClassVar[dict[str, torch.Tensor]] = {
+        "a.scalar": torch.tensor(2.5, dtype=torch.float64),
+        "a.flags": torch.tensor([[True, False, True], [False, False, True]]),
+        "a.empty": torch.zeros(0, 3, dtype=torch.int16),
+        "b.ids": torch.arange(10, dtype=torch.int64)[::2],  # a non-contiguous view is fine
+        "b.half": torch.linspace(0, 1, 7, dtype=torch.bfloat16),
+    }
+    VALUES: ClassVar[dict[str, Any]] = {"a.count": 3, "a.rate": 1e-300, "a.on": True, "b.name": "per", "b.neg": -7.25}
+
+    restored: Any = None
+
+    def _checkpoint_state(self) -> Any:
+        state = super()._checkpoint_state()
+        return dataclasses.replace(state, extra_arrays=self.ARRAYS, extra_values=self.VALUES)
+
+    def _restore_checkpoint(self, restored: Any) -> None:
+        super()._restore_checkpoint(restored)
+        self.restored = restored
+
+
+def test_extra_arrays_and_values_round_trip(tmp_path: Path) -> None:
+    rb = WithExtras("cpu", "cpu", 8, seed=1, storage_dir=tmp_path / "storage")
+    fill(rb, 5)
+    rb.save(tmp_path / "run", data=True)
+    for verify in (True, False):
+        loaded = WithExtras("cpu", "cpu", 8, storage_dir=tmp_path / "storage")
+        loaded.load(tmp_path / "run", verify=verify)
+        assert_same(snapshot(loaded), snapshot(rb))
+        assert_same(dict(loaded.restored.extra_arrays), {k: v.contiguous() for k, v in WithExtras.ARRAYS.items()})
+        assert loaded.restored.extra_values == WithExtras.VALUES
+        assert all(v.device.type == "cpu" for v in loaded.restored.extra_arrays.values())
+    folder = Path(data_folder(tmp_path / "run"))
+    assert (folder / "extra-a.flags.bin").read_bytes() == bytes([1, 0, 1, 0, 0, 1])
+    verify_checkpoint(tmp_path / "run")
+    plain = ReplayBuffer.from_checkpoint(tmp_path / "run", storage_dir=tmp_path / "storage")  # ignores the extras
+    assert_same(snapshot(plain), snapshot(rb))
+
+
+@pytest.mark.parametrize(
+    ("arrays", "values", "problem"),
+    [({"../x": torch.zeros(1)}, {}, "bad extra name"), ({}, {"a.nan": float("nan")}, "finite number")],
+)
+def test_bad_extras_fail_the_save_and_leave_nothing(
+    tmp_path: Path, arrays: dict[str, torch.Tensor], values: dict[str, Any], problem: str
+) -> None:
+    rb = WithExtras("cpu", "cpu", 8, seed=1, storage_dir=tmp_path / "storage")
+    fill(rb, 5)
+    rb.ARRAYS, rb.VALUES = arrays, values  # type: ignore[misc]  # on the instance only
+    with pytest.raises(ValueError, match=problem):
+        rb.save(tmp_path / "run", data=True)
+    assert os.listdir(tmp_path) == ["storage"]
 
 
 def test_metadata_only_save_is_unchanged_objectrl_format(tmp_path: Path) -> None:

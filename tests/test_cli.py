@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from checkpoint_helpers import data_folder, fill
 
-from objectrl_buffer import ReplayBuffer, cli
+from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer, cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,6 +58,47 @@ def test_inspect_json(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert (state["shape"], state["dtype"], state["row_bytes"], state["bytes"]) == ([4], "float32", 16, 128)
     assert info["data_bytes"] == 8 * 137 and info["data_folder"] == data_folder(saved)
     assert {"time", "host", "torch", "library_version"} <= info["created"].keys()
+
+
+def test_inspect_shows_the_extras_of_a_prioritized_checkpoint(
+    saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rb = PrioritizedReplayBuffer("cpu", "cpu", 8, alpha=0.5, storage_dir=tmp_path / "storage")
+    fill(rb, 13)
+    rb.update_priority([2], [6.5])
+    rb.save(tmp_path / "per", data=True)
+
+    code, out, _ = run(capsys, "inspect", "--json", str(tmp_path / "per"))
+    info = json.loads(out)
+    assert code == 0 and info["data_bytes"] == 8 * 137  # the rows; extras are counted apart
+    [array] = info["extra_arrays"]
+    assert {k: array[k] for k in ("name", "shape", "dtype", "bytes", "file")} == {
+        "name": "prioritized.priority",
+        "shape": [8],
+        "dtype": "float64",
+        "bytes": 64,
+        "file": "extra-prioritized.priority.bin",
+    }
+    assert info["extra_values"] == {
+        "prioritized.max_priority": 6.5,
+        "prioritized.alpha": 0.5,
+        "prioritized.beta": 0.4,
+        "prioritized.eps": 1e-6,
+    }
+    code, out, _ = run(capsys, "inspect", str(tmp_path / "per"))
+    extras = [line for line in out.splitlines() if line.startswith("extra ")]
+    assert code == 0 and len(extras) == 2
+    assert "prioritized.priority: float64 (8,), 64 B in extra-prioritized.priority.bin" in extras[0]
+    assert "prioritized.max_priority=6.5" in extras[1] and "prioritized.alpha=0.5" in extras[1]
+    code, out, _ = run(capsys, "verify", str(tmp_path / "per"))
+    assert (
+        code == 0 and "8 rows, 9 column files + 1 extra" in out
+    )  # extras are checked too (see test_prioritized_checkpoint)
+
+    code, out, _ = run(capsys, "inspect", "--json", str(saved))  # a plain buffer's checkpoint has none
+    assert (json.loads(out)["extra_arrays"], json.loads(out)["extra_values"]) == ([], {})
+    code, out, _ = run(capsys, "inspect", str(saved))
+    assert not [line for line in out.splitlines() if line.startswith("extra")]
 
 
 def test_inspect_metadata_only(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
