@@ -18,8 +18,17 @@ With the defaults (seed 1, 50,000 env steps, about a minute on one free CPU core
 426-500.
 
     python examples/dqn_cartpole.py                    # the documented default run
-    python examples/dqn_cartpole.py --save runs/dqn    # also writes runs/dqn.metadata and runs/dqn.agent.pt
-    python examples/dqn_cartpole.py --resume-metadata runs/dqn --total-steps 10000
+    python examples/dqn_cartpole.py --save runs/dqn    # + the buffer checkpoint runs/dqn.metadata and runs/dqn.data-*/
+                                                       #   (every row) and the learner runs/dqn.agent.pt
+    python examples/dqn_cartpole.py --resume runs/dqn --total-steps 10000           # continue that run
+    python examples/dqn_cartpole.py --resume-metadata runs/dqn --total-steps 10000  # ObjectRL's resume: empty buffer
+
+``--resume`` continues a run where ``--save`` left it: the buffer comes back with every row
+(``ReplayBuffer.from_checkpoint``; its capacity, ring position and sampling generator are the saved ones), and
+the Q-network, target network, optimizer, global step and episode history from ``PATH.agent.pt``. Learning goes
+on at once: the global step is past ``--learning-starts`` and the buffer already holds the old rows.
+``--resume-metadata`` is what ObjectRL itself can do: its ``save`` keeps three counters and no rows, so the
+buffer restarts empty (``--no-save-data`` writes only those counters).
 
 Output: a tqdm bar (interactive terminals only), the mean return of the last 20 episodes, the wall time and
 the share spent inside buffer calls, and a learning-curve PNG (``--plot``, default ``runs/dqn_cartpole.png``).
@@ -48,6 +57,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from objectrl_buffer import ReplayBuffer
+from objectrl_buffer.checkpoint import atomic_write
 
 SOLVED_RETURN = 195.0  # CartPole's classic "solved" threshold (mean over the last episodes)
 
@@ -93,12 +103,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plain-dict", action="store_true", help="add() plain dicts instead of TensorDicts")
     p.add_argument("--window", type=int, default=20, help="episodes in the reported mean return")
     p.add_argument("--plot", default="runs/dqn_cartpole.png", help="learning-curve PNG path ('' to skip)")
-    p.add_argument("--save", default=None, metavar="PATH", help="at the end: PATH.metadata + PATH.agent.pt")
     p.add_argument(
+        "--save",
+        default=None,
+        metavar="PATH",
+        help="at the end: the buffer checkpoint PATH.metadata (+ its rows in PATH.data-*/, see --save-data) "
+        "and the learner PATH.agent.pt",
+    )
+    p.add_argument(
+        "--save-data",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--save writes every row of the buffer too (a full checkpoint, what --resume needs); "
+        "--no-save-data writes only ObjectRL's metadata (three counters)",
+    )
+    resume = p.add_mutually_exclusive_group()
+    resume.add_argument(
+        "--resume",
+        default=None,
+        metavar="PATH",
+        help="continue a run saved with --save: the buffer with its rows (capacity from the checkpoint, not "
+        "--buffer-size), the Q-network, target network, optimizer, global step and episodes from PATH.agent.pt",
+    )
+    resume.add_argument(
         "--resume-metadata",
         default=None,
         metavar="PATH",
-        help="load PATH.metadata (and PATH.agent.pt if present) and continue the global step count",
+        help="ObjectRL's resume: load PATH.metadata (and PATH.agent.pt if present), continue the global step "
+        "count, and refill the buffer from empty (the metadata holds no rows)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (also off when not a TTY)")
     return p.parse_args(argv)
@@ -136,6 +168,7 @@ class RunState:
     """What a run carries over into a resumed one."""
 
     global_step: int = 0
+    gradient_steps: int = 0  # over the whole run: the target network syncs every --target-network-frequency
     agent_state: dict[str, Any] | None = None  # the PATH.agent.pt dict (see save_run), when there is one
     episode_returns: list[float] = field(default_factory=list)
     episode_ends: list[int] = field(default_factory=list)  # global step at which each episode ended
@@ -158,14 +191,62 @@ def load_agent_state(path: str) -> dict[str, Any] | None:
     return torch.load(agent_path(path), weights_only=True)
 
 
+def continued(global_step: int, agent: dict[str, Any] | None) -> RunState:
+    """What a resumed run carries on with: the agent file's state, or only ``global_step`` without one."""
+    if agent is None:
+        return RunState(global_step=global_step)
+    return RunState(
+        int(agent["global_step"]),
+        int(agent.get("gradient_steps", 0)),
+        agent,
+        list(agent["episode_returns"]),
+        list(agent["episode_ends"]),
+    )
+
+
+def resume_run(args: argparse.Namespace) -> tuple[ReplayBuffer, RunState]:
+    """``--resume PATH``: the buffer of a full checkpoint, rows included, and the learner of ``PATH.agent.pt``.
+
+    ``ReplayBuffer.from_checkpoint`` builds the buffer with the saved capacity, rows, ring position and sampling
+    generator, on this run's devices. Without the agent file the Q-network starts afresh and the global step
+    continues after the newest stored transition's ``step``.
+    """
+    path = args.resume
+    memory = ReplayBuffer.from_checkpoint(
+        path, torch.device(args.device), torch.device(args.storing_device), storage_dir=args.storage_dir
+    )
+    if len(memory) and memory.schema is None:
+        memory.close()
+        raise SystemExit(
+            f"--resume {path}: {path}.metadata holds counters but no rows (saved with --no-save-data); "
+            f"use --resume-metadata {path} to continue with an empty buffer"
+        )
+    agent = load_agent_state(path)
+    if agent is not None:
+        global_step = int(agent["global_step"])
+    elif len(memory):
+        newest = (memory.pointer - 1) % memory.buffer_size
+        global_step = int(memory.sample_by_index_fields([newest], "step")["step"][0]) + 1
+    else:
+        global_step = 0
+    print(
+        f"resumed from {path}: {len(memory)} rows (capacity {memory.buffer_size}, pointer {memory.pointer}), "
+        f"global step {global_step}" + ("" if agent is None else f"; learner from {agent_path(path)}")
+    )
+    return memory, continued(global_step, agent)
+
+
 def restore_run(args: argparse.Namespace) -> tuple[ReplayBuffer, RunState]:
     """The replay buffer, built as ObjectRL's base agent builds it, and what this run continues from.
 
-    ``--resume-metadata PATH``: ``memory.load`` restores the buffer counters (ObjectRL's metadata holds no rows)
-    and the global step count continues from ``PATH.agent.pt`` (or, without it, from the counters). The rows
-    themselves are gone, so the buffer is emptied afterwards: sampling slots never written here would train on
-    zeros. A full checkpoint with data would be restored here instead, and kept.
+    ``--resume PATH``: see :func:`resume_run`. ``--resume-metadata PATH``: ``memory.load`` restores the buffer
+    counters (ObjectRL's metadata holds no rows) and the global step count continues from ``PATH.agent.pt``
+    (or, without it, from the counters). The buffer is emptied afterwards, also when the checkpoint holds rows:
+    this is the resume ObjectRL's metadata-only ``save`` allows, where sampling slots never written here would
+    train on zeros.
     """
+    if args.resume:
+        return resume_run(args)
     memory = ReplayBuffer(
         torch.device(args.device), torch.device(args.storing_device), args.buffer_size,
         seed=args.seed, storage_dir=args.storage_dir,
@@ -182,24 +263,25 @@ def restore_run(args: argparse.Namespace) -> tuple[ReplayBuffer, RunState]:
         f"global step {global_step}" + ("" if agent is None else f"; Q-network from {agent_path(path)}")
     )
     memory.reset()
-    if agent is None:
-        return memory, RunState(global_step=global_step)
-    return memory, RunState(global_step, agent, list(agent["episode_returns"]), list(agent["episode_ends"]))
+    return memory, continued(global_step, agent)
 
 
-def save_run(path: str, memory: ReplayBuffer, q_network: nn.Module, optimizer: torch.optim.Optimizer,
-             run: RunState) -> None:  # fmt: skip
-    """Buffer metadata with ``memory.save`` (``PATH.metadata``) and the learner beside it (``PATH.agent.pt``)."""
+def save_run(path: str, memory: ReplayBuffer, q_network: nn.Module, target_network: nn.Module,
+             optimizer: torch.optim.Optimizer, run: RunState, data: bool) -> None:  # fmt: skip
+    """The buffer with ``memory.save`` (``PATH.metadata``, with ``data`` also every row in ``PATH.data-*/``) and
+    the learner beside it (``PATH.agent.pt``). Each file is replaced atomically: a crash leaves it old or new, whole."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    memory.save(path)
+    memory.save(path, data=data)
     agent = {
         "q_network": q_network.state_dict(),
+        "target_network": target_network.state_dict(),
         "optimizer": optimizer.state_dict(),
         "global_step": run.global_step,
+        "gradient_steps": run.gradient_steps,
         "episode_returns": run.episode_returns,
         "episode_ends": run.episode_ends,
     }
-    torch.save(agent, agent_path(path))
+    atomic_write(agent_path(path), lambda f: torch.save(agent, f))
 
 
 def dqn_loss(batch: TensorDict, q_network: nn.Module, target_network: nn.Module, args: argparse.Namespace) -> Tensor:
@@ -264,7 +346,8 @@ def main(argv: list[str] | None = None) -> float:
     memory, run = restore_run(args)
     if run.agent_state is not None:
         q_network.load_state_dict(run.agent_state["q_network"])
-    target_network.load_state_dict(q_network.state_dict())
+    saved_target = None if run.agent_state is None else run.agent_state.get("target_network")
+    target_network.load_state_dict(q_network.state_dict() if saved_target is None else saved_target)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
     if run.agent_state is not None:
         optimizer.load_state_dict(run.agent_state["optimizer"])
@@ -331,16 +414,18 @@ def main(argv: list[str] | None = None) -> float:
                     nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
                 optimizer.step()
                 gradient_steps += 1
-                if gradient_steps % args.target_network_frequency == 0:
+                if (run.gradient_steps + gradient_steps) % args.target_network_frequency == 0:
                     target_network.load_state_dict(q_network.state_dict())
         progress.update(1)
     progress.close()
     env.close()
     run.global_step = last_step
+    run.gradient_steps += gradient_steps
 
     if args.save:
-        save_run(args.save, memory, q_network, optimizer, run)
-        print(f"saved buffer metadata to {args.save}.metadata and the Q-network to {agent_path(args.save)}")
+        save_run(args.save, memory, q_network, target_network, optimizer, run, args.save_data)
+        what = f"the buffer ({len(memory)} rows)" if args.save_data else "the buffer metadata"
+        print(f"saved {what} to {args.save}.metadata and the learner to {agent_path(args.save)}")
     wall = time.perf_counter() - wall_start
     buffer_s = add_clock.seconds + sample_clock.seconds
 

@@ -1,8 +1,9 @@
 """End-to-end checks of the main job, examples/dqn_cartpole.py.
 
 The quick tests run a few hundred env steps (seconds): the loop, the PNG, the buffer-time report, the
-metadata save and the resume of the global step count. The full default run (the >= 195 criterion) takes
-about a minute or more on 2 CPU cores and runs only with ``RUN_SLOW=1``.
+full save and ``--resume`` (rows, learner, global step), and ObjectRL's metadata-only save and resume.
+The full default run (the >= 195 criterion) takes about a minute or more on 2 CPU cores and runs only
+with ``RUN_SLOW=1``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from types import ModuleType
 
 import pytest
 import torch
+from conftest import assert_td_equal
+from tensordict import TensorDict
+
+from objectrl_buffer import ReplayBuffer
 
 pytest.importorskip("gymnasium")
 pytest.importorskip("matplotlib")
@@ -63,10 +68,11 @@ def test_save_then_resume_from_metadata(
 ) -> None:
     flag = ["--plain-dict"] if plain_dict else []
     first = tmp_path / "first"
-    dqn.main(tiny(tmp_path, "--plot", "", "--save", str(first), *flag))
+    dqn.main(tiny(tmp_path, "--plot", "", "--save", str(first), "--no-save-data", *flag))
 
     meta = torch.load(f"{first}.metadata", weights_only=True)
     assert (meta["buffer_size"], meta["data_size"], meta["pointer"]) == (1000, 300, 300)
+    assert "data_dir" not in meta and not list(tmp_path.glob("first.data-*"))  # ObjectRL's three counters
     agent = torch.load(f"{first}.agent.pt", weights_only=True)
     assert agent["global_step"] == 300 and "q_network" in agent
 
@@ -80,6 +86,74 @@ def test_save_then_resume_from_metadata(
     assert torch.load(f"{second}.agent.pt", weights_only=True)["global_step"] == 500
     # The metadata holds counters, not rows: the resumed buffer refills from empty.
     assert torch.load(f"{second}.metadata", weights_only=True)["data_size"] == 200
+
+
+def rows(path: Path, storage: Path) -> TensorDict:
+    """Every row of the buffer checkpoint at ``path``, oldest first."""
+    return ReplayBuffer.from_checkpoint(path, storage_dir=storage).sample_all()
+
+
+def test_resume_continues_with_the_saved_rows_and_learns_at_once(
+    dqn: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, again, second = tmp_path / "first", tmp_path / "again", tmp_path / "second"
+    dqn.main(tiny(tmp_path, "--plot", "", "--save", str(first)))  # 300 steps; --save writes the rows by default
+    saved_rows = rows(first, tmp_path)
+    assert len(saved_rows) == 300 and saved_rows["step"].tolist() == list(range(300))
+
+    # Zero new steps: what is saved again is exactly what was resumed, rows and learner alike.
+    capsys.readouterr()
+    dqn.main(tiny(tmp_path, "--plot", "", "--total-steps", "0", "--resume", str(first), "--save", str(again)))
+    out = capsys.readouterr().out
+    assert f"resumed from {first}: 300 rows (capacity 1000, pointer 300), global step 300" in out
+    assert_td_equal(rows(again, tmp_path), saved_rows)
+    saved, resumed = (torch.load(f"{p}.agent.pt", weights_only=True) for p in (first, again))
+    for part in ("q_network", "target_network"):
+        for key, value in saved[part].items():
+            assert torch.equal(value, resumed[part][key]), (part, key)
+    assert resumed["optimizer"]["state"].keys() == saved["optimizer"]["state"].keys()
+    assert (resumed["episode_returns"], resumed["gradient_steps"]) == (saved["episode_returns"], 16)
+
+    # 200 more steps: the first learn call (global step 349) comes 50 steps in, on the 350 rows held then.
+    dqn.main(tiny(tmp_path, "--plot", "", "--total-steps", "200", "--resume", str(first), "--save", str(second)))
+    out = capsys.readouterr().out
+    assert "global steps 300 -> 500" in out
+    assert "gradient steps: 16" in out  # learn calls at global steps 349, 399, 449, 499: no warm-up again
+    continued = rows(second, tmp_path)
+    assert continued["step"].tolist() == list(range(500))
+    assert_td_equal(continued[:300], saved_rows)  # the first run's rows, kept in the resumed buffer
+    agent = torch.load(f"{second}.agent.pt", weights_only=True)
+    assert (agent["global_step"], agent["gradient_steps"]) == (500, 32)
+    assert not torch.equal(agent["q_network"]["net.0.weight"], saved["q_network"]["net.0.weight"])  # it learned
+
+    # An epoch pass makes ceil(rows / 16) gradient steps: the first learn call sees the 300 old rows + 50 new.
+    dqn.main(tiny(tmp_path, "--plot", "", "--total-steps", "50", "--n-epochs", "1", "--resume", str(first)))
+    assert f"gradient steps: {math.ceil(350 / 16)}" in capsys.readouterr().out
+
+
+def test_resume_needs_the_rows(dqn: ModuleType, tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    dqn.main(tiny(tmp_path, "--plot", "", "--total-steps", "100", "--save", str(first), "--no-save-data"))
+    with pytest.raises(SystemExit, match=r"holds counters but no rows .* use --resume-metadata"):
+        dqn.main(tiny(tmp_path, "--plot", "", "--resume", str(first)))
+    with pytest.raises(SystemExit) as usage:  # one kind of resume at a time
+        dqn.main(tiny(tmp_path, "--plot", "", "--resume", str(first), "--resume-metadata", str(first)))
+    assert usage.value.code == 2
+
+
+def test_resume_without_the_agent_file_counts_from_the_newest_row(
+    dqn: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = tmp_path / "first"
+    # A ring of 128 rows that wrapped: the newest row's step, not the row count, gives the global step.
+    dqn.main(tiny(tmp_path, "--plot", "", "--total-steps", "200", "--buffer-size", "128", "--save", str(first)))
+    os.remove(f"{first}.agent.pt")
+    capsys.readouterr()
+
+    dqn.main(tiny(tmp_path, "--plot", "", "--total-steps", "50", "--resume", str(first)))
+
+    out = capsys.readouterr().out
+    assert "128 rows (capacity 128, pointer 72), global step 200" in out and "global steps 200 -> 250" in out
 
 
 def test_resume_restores_the_learner_and_the_episode_history(
