@@ -336,3 +336,19 @@ def test_bad_saved_settings_are_refused_by_from_checkpoint(saved: Path, tmp_path
     rb = PrioritizedReplayBuffer.from_checkpoint(saved, beta=0.5, storage_dir=tmp_path / "storage")
     assert rb.beta == 0.5 and len(rb) == 8
     assert load_into(tmp_path, saved, 8).beta == 0.5
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("saved_on", "loaded_on"), [("cpu", "cuda"), ("cuda", "cpu"), ("cuda", "cuda")])
+def test_priorities_move_between_storing_devices(tmp_path: Path, saved_on: str, loaded_on: str) -> None:
+    rb = PrioritizedReplayBuffer("cuda", saved_on, 8, seed=3, alpha=0.7, storage_dir=tmp_path / "storage")
+    fill(rb, 13)
+    rb.update_priority(torch.arange(8), torch.linspace(0.5, 4.0, 8, dtype=torch.float64))
+    rb.save(tmp_path / "run", data=True)
+    loaded = PrioritizedReplayBuffer.from_checkpoint(tmp_path / "run", storing_device=loaded_on, storage_dir=tmp_path)
+    assert loaded.storing_device.type == loaded_on and loaded.priorities().device.type == loaded_on
+    assert torch.equal(loaded.priorities().cpu(), rb.priorities().cpu()) and loaded.max_priority == rb.max_priority
+    if saved_on == loaded_on:  # the generator state is restored only on the same device type
+        x, y = rb.sample_batch(64), loaded.sample_batch(64)
+        assert torch.equal(x["index"].cpu(), y["index"].cpu()) and torch.equal(x["weight"].cpu(), y["weight"].cpu())
