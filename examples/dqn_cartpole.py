@@ -339,6 +339,7 @@ def main(argv: list[str] | None = None) -> float:
 
     env = gym.make("CartPole-v1")
     env.action_space.seed(args.seed)
+    assert isinstance(env.observation_space, gym.spaces.Box) and isinstance(env.action_space, gym.spaces.Discrete)
     obs_dim, n_actions = env.observation_space.shape[0], int(env.action_space.n)
     q_network = QNetwork(obs_dim, n_actions, args.hidden).to(device)
     target_network = QNetwork(obs_dim, n_actions, args.hidden).to(device)
