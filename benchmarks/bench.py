@@ -36,12 +36,12 @@ def metrics(p: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
     """Rows of the table: (metric key, label, unit, key of the limit's metric it is divided by)."""
     k1, k2, k3, k4, k5 = p["w1_cap"] // 1000, p["w2_rows"], p["w3_rows"] // 1000, p["w4_cap"] // 1000, p["w5_rows"]
     return [
-        ("add_map", f"1 add, mapping of tensors ({k1}k cap)", "µs", "add_map"),
-        ("add_np", "1 add, mapping of NumPy arrays (SB3, cpprb: native)", "µs", "add_map"),
+        ("add_map", f"1 add, dict of tensors and Python numbers ({k1}k cap)", "µs", "add_map"),
+        ("add_np", "1 add, dict of NumPy arrays and Python numbers", "µs", "add_map"),
         ("add_td", "1 add, ObjectRL TensorDict (add call alone)", "µs", "add_map"),
         ("td_build", "1 building that TensorDict (not in add)", "µs", None),
-        ("add_batch_map", f"2 add_batch({k2}), mapping of tensors", "µs", "add_batch_map"),
-        ("add_batch_np", f"2 add_batch({k2}), NumPy arrays / native", "µs", "add_batch_map"),
+        ("add_batch_map", f"2 add_batch({k2}), dict of tensors", "µs", "add_batch_map"),
+        ("add_batch_np", f"2 add_batch({k2}), dict of NumPy arrays", "µs", "add_batch_map"),
         ("add_batch_td", f"2 add_batch({k2}), TensorDict", "µs", "add_batch_map"),
         ("sample", f"3 sample({p['w3_k']}) from {k3}k rows", "µs", "sample"),
         ("atari_add", f"4 Atari add, {k4}k cap, steady state", "µs", "atari_add"),
@@ -72,7 +72,8 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
-    sys.path.insert(0, str(HERE))
+    # the objectrl_buffer of this checkout, not whichever one is installed
+    sys.path[:0] = [str(HERE), *([str(HERE.parent)] if (HERE.parent / "objectrl_buffer").is_dir() else [])]
     from peers import PEERS, Unsupported, Upstream
     from workloads import WORKLOADS
 
@@ -197,8 +198,8 @@ def report(rounds: list[dict[str, dict[str, Any]]], params: dict[str, Any], peer
             med = statistics.median(ratios)
             ok = "yes" if med <= bound else "NO"
             lines.append(f"| {key} | {bound}x | {med:.2f}x | {min(ratios):.2f}-{max(ratios):.2f} | {ok} |")
-    sb3 = {i: v for i, v in enumerate(series("sb3", "add_np")[0])}
-    for key in ("add_map", "add_np"):
+    for key in ("add_map", "add_np"):  # same input form on both sides
+        sb3 = dict(enumerate(series("sb3", key)[0]))
         ours = series("objectrl_buffer", key)[0]
         ratios = [v / sb3[i] for i, v in enumerate(ours) if i in sb3]
         if ratios:

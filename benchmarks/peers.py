@@ -316,7 +316,7 @@ class SB3(Peer):
     """Stable-Baselines3 ``ReplayBuffer`` (NumPy input; ``n_envs=batch_rows`` for batched adds)."""
 
     name = "sb3"
-    forms = ("np",)
+    forms = ("np", "map")  # SB3 converts tensors itself (np.array), so it can take the tensor mapping too
 
     def create(self, capacity: int, spec: Spec, batch_rows: int = 1) -> None:
         try:
@@ -335,11 +335,12 @@ class SB3(Peer):
         self.has_truncated = "truncated" in spec
 
     def convert(self, data: dict[str, Any], form: str, batched: bool) -> Any:
-        d = {k: np.asarray(_np(v)) for k, v in data.items()}
+        """SB3's ``add`` arguments; "map" keeps the tensors (SB3 copies them with ``np.array``)."""
+        d = {k: np.asarray(_np(v)) if form == "np" or not isinstance(v, torch.Tensor) else v for k, v in data.items()}
         if not batched:
-            d = {k: v[None] for k, v in d.items()}
+            d = {k: v[None] if isinstance(v, (np.ndarray, torch.Tensor)) else np.array([v]) for k, v in d.items()}
         n = d["state"].shape[0]
-        trunc = d["truncated"].astype(bool) if self.has_truncated else np.zeros(n, bool)
+        trunc = np.asarray(d["truncated"]).astype(bool) if self.has_truncated else np.zeros(n, bool)
         infos = [{"TimeLimit.truncated": bool(t)} for t in trunc]
         return d["state"], d["next_state"], d["action"], d["reward"], d["terminated"], infos
 
@@ -391,7 +392,7 @@ class CPPRB(Peer):
     """cpprb ``ReplayBuffer`` (NumPy input)."""
 
     name = "cpprb"
-    forms = ("np",)
+    forms = ("np", "map")
 
     def create(self, capacity: int, spec: Spec, batch_rows: int = 1) -> None:
         try:
@@ -406,7 +407,7 @@ class CPPRB(Peer):
         self.rb = cpprb.ReplayBuffer(capacity, self.env_dict)
 
     def convert(self, data: dict[str, Any], form: str, batched: bool) -> Any:
-        return {k: _np(v) for k, v in data.items()}
+        return {k: _np(v) for k, v in data.items()} if form == "np" else data
 
     def add(self, item: Any) -> None:
         self.rb.add(**item)
