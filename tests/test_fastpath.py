@@ -36,7 +36,7 @@ def slow(rb: ReplayBuffer, method: str, data: object) -> None:
 
 def state(rb: ReplayBuffer) -> tuple:
     rows = rb.sample_all() if len(rb) else None
-    return rb.pointer, rb.data_size, None if rows is None else {k: rows[k].clone() for k in rows.keys()}
+    return rb.pointer, rb.data_size, None if rows is None else {k: rows[k].clone() for k in list(rows.keys())}
 
 
 def same_state(a: ReplayBuffer, b: ReplayBuffer) -> None:
@@ -185,10 +185,10 @@ def test_fast_path_is_taken_for_plain_inputs(rb: ReplayBuffer, monkeypatch: pyte
 def test_samples_never_alias_storage(rb: ReplayBuffer, read: object) -> None:
     before = rb.sample_all()
     sample = read(rb)  # type: ignore[operator]
-    for key in sample.keys():
+    for key in list(sample.keys()):
         sample[key].fill_(True if sample[key].dtype == torch.bool else 99)
     after = rb.sample_all()
-    for key in before.keys():
+    for key in list(before.keys()):
         assert torch.equal(before[key], after[key]), key
 
 
@@ -243,7 +243,7 @@ def test_epoch_reads_match_indexed_reads(rb: ReplayBuffer, shuffle: bool) -> Non
     seen = []
     for part in rb.create_epoch_iterator(7, shuffle=shuffle):
         ref = rb.sample_by_index(part["index"])
-        for key in ref.keys():
+        for key in list(ref.keys()):
             assert torch.equal(part[key], ref[key]), key
         seen += part["index"].tolist()
     assert sorted(seen) == list(range(len(rb)))
