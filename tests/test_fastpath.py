@@ -246,4 +246,4 @@ def test_epoch_reads_match_indexed_reads(rb: ReplayBuffer, shuffle: bool) -> Non
         for key in list(ref.keys()):
             assert torch.equal(part[key], ref[key]), key
         seen += part["index"].tolist()
-    assert sorted(seen) == list(range(len(rb)))
+    assert (sorted(seen) if shuffle else seen) == list(range(len(rb)))  # slot order without shuffle
