@@ -28,23 +28,32 @@ HERE = Path(__file__).resolve().parent
 ALL_PEERS = ["limit", "objectrl_buffer", "objectrl", "torchrl", "sb3", "cpprb"]
 TITLES = {"limit": "limit", "objectrl_buffer": "objectrl_buffer", "objectrl": "ObjectRL 0.2.1"}
 TITLES.update({"torchrl": "torchrl", "sb3": "SB3", "cpprb": "cpprb"})
+STATS = {"median": "median", "p10": "10th percentile", "min": "minimum"}
 DIR_VARIANT = "objectrl_buffer+dir"  # workload 4 again, with storage_dir: metrics get the suffix "@dir"
 ATARI_ROW_MB = (2 * 4 * 84 * 84 + 8 + 4 + 4) / 2**20
 
 
+def _n(count: int) -> str:
+    """1000000 -> "1M", 50000 -> "50k", 500 -> "500"."""
+    for size, unit in ((1_000_000, "M"), (1000, "k")):
+        if count >= size and count % size == 0:
+            return f"{count // size}{unit}"
+    return str(count)
+
+
 def metrics(p: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
     """Rows of the table: (metric key, label, unit, key of the limit's metric it is divided by)."""
-    k1, k2, k3, k4, k5 = p["w1_cap"] // 1000, p["w2_rows"], p["w3_rows"] // 1000, p["w4_cap"] // 1000, p["w5_rows"]
+    k1, k2, k3, k4, k5 = (_n(p[k]) for k in ("w1_cap", "w2_rows", "w3_rows", "w4_cap", "w5_rows"))
     return [
-        ("add_map", f"1 add, dict of tensors and Python numbers ({k1}k cap)", "µs", "add_map"),
+        ("add_map", f"1 add, dict of tensors and Python numbers ({k1} cap)", "µs", "add_map"),
         ("add_np", "1 add, dict of NumPy arrays and Python numbers", "µs", "add_map"),
         ("add_td", "1 add, ObjectRL TensorDict (add call alone)", "µs", "add_map"),
         ("td_build", "1 building that TensorDict (not in add)", "µs", None),
-        ("add_batch_map", f"2 add_batch({k2}), dict of tensors", "µs", "add_batch_map"),
+        ("add_batch_map", f"2 add_batch({k2}), dict of tensors ({_n(p['w2_cap'])} cap)", "µs", "add_batch_map"),
         ("add_batch_np", f"2 add_batch({k2}), dict of NumPy arrays", "µs", "add_batch_map"),
         ("add_batch_td", f"2 add_batch({k2}), TensorDict", "µs", "add_batch_map"),
-        ("sample", f"3 sample({p['w3_k']}) from {k3}k rows", "µs", "sample"),
-        ("atari_add", f"4 Atari add, {k4}k cap, steady state", "µs", "atari_add"),
+        ("sample", f"3 sample({p['w3_k']}) from {k3} rows", "µs", "sample"),
+        ("atari_add", f"4 Atari add, {k4} cap, steady state", "µs", "atari_add"),
         ("atari_sample", f"4 Atari sample({p['w4_k']})", "µs", "atari_sample"),
         ("atari_add@dir", "4 Atari add, with storage_dir", "µs", "atari_add"),
         ("atari_sample@dir", f"4 Atari sample({p['w4_k']}), with storage_dir", "µs", "atari_sample"),
@@ -53,9 +62,10 @@ def metrics(p: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
         ("rss_RssShmem", "4 shared-memory RSS (/dev/shm)", "MB", None),
         ("rss_RssAnon@dir", "4 anonymous RSS, with storage_dir", "MB", None),
         ("rss_RssFile@dir", "4 file-backed RSS, with storage_dir", "MB", None),
-        ("epoch", f"5 epoch over {k5 // 1000}k rows, batches of {p['w5_bs']}, slot order", "ms", "epoch"),
+        ("rss_RssShmem@dir", "4 shared-memory RSS, with storage_dir", "MB", None),
+        ("epoch", f"5 epoch over {k5} rows, batches of {p['w5_bs']}, slot order", "ms", "epoch"),
         ("epoch_shuffled", "5 epoch, shuffled", "ms", "epoch_shuffled"),
-        ("save", f"6 save with data, {p['w6_rows'] // 1000}k rows (fsync)", "ms", "save"),
+        ("save", f"6 save with data, {_n(p['w6_rows'])} rows (fsync)", "ms", "save"),
         ("load", "6 load", "ms", "load"),
     ]
 
@@ -94,6 +104,11 @@ def child(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------- parent side
+def atari_dir(args: argparse.Namespace) -> str:
+    """Parent folder given as storage_dir to objectrl_buffer's second workload-4 run."""
+    return str(args.atari_storage_dir or args.tmp_dir or tempfile.gettempdir())
+
+
 def run_child(peer: str, workload: str, params: dict[str, Any], args: argparse.Namespace, upstream: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "RL_WARNINGS": "False"}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
@@ -103,7 +118,7 @@ def run_child(peer: str, workload: str, params: dict[str, Any], args: argparse.N
         if upstream:
             cmd += ["--upstream-module", upstream]
         if peer == DIR_VARIANT:
-            cmd += ["--storage-dir", os.path.join(args.tmp_dir or tmp, "storage")]
+            cmd += ["--storage-dir", atari_dir(args)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         if proc.returncode != 0 or not os.path.exists(result):
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -136,6 +151,22 @@ def machine() -> str:
     )
 
 
+def fs_type(path: str) -> str:
+    """File system type of the mount holding ``path`` (e.g. ext4, tmpfs), from /proc/mounts."""
+    path = os.path.realpath(path)
+    best, kind = "", "?"
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                inside = len(parts) > 2 and (path == parts[1] or path.startswith(parts[1].rstrip("/") + "/"))
+                if inside and len(parts[1]) > len(best):
+                    best, kind = parts[1], parts[2]
+    except OSError:
+        pass
+    return kind
+
+
 def _cell(values: list[float], ratios: list[float], unit: str) -> str:
     value = statistics.median(values)
     text = f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
@@ -147,6 +178,7 @@ def _cell(values: list[float], ratios: list[float], unit: str) -> str:
 def report(rounds: list[dict[str, dict[str, Any]]], params: dict[str, Any], peers: list[str], args: Any) -> str:
     """Markdown: header, one row per metric, one column per library, then the targets of issue 4."""
     columns = [p for p in peers if p != DIR_VARIANT]
+    stat = args.stat
     baselines = {k: base for k, _, _, base in metrics(params)}
 
     def series(peer: str, key: str) -> tuple[list[float], list[float]]:
@@ -156,21 +188,25 @@ def report(rounds: list[dict[str, dict[str, Any]]], params: dict[str, Any], peer
             entry = (merged or {}).get(key)
             if entry is None or (isinstance(entry, dict) and "median" not in entry):
                 continue
-            value = entry["median"] if isinstance(entry, dict) else float(entry)
+            value = entry[stat] if isinstance(entry, dict) else float(entry)
             values.append(value)
             base = baselines[key]
             limit = (rnd.get("limit") or {}).get(base) if base else None
-            if isinstance(limit, dict) and limit.get("median"):
-                ratios.append(value / limit["median"])
+            if isinstance(limit, dict) and limit.get(stat):
+                ratios.append(value / limit[stat])
         return values, ratios
 
     lines = [
         f"Date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}  ",
         f"Machine: {machine()}  ",
         f"Versions: {versions()}  ",
+        f"Storage folders (workload 4): objectrl_buffer default {tempfile.gettempdir()} "
+        f"({fs_type(tempfile.gettempdir())}); storage_dir {atari_dir(args)} ({fs_type(atari_dir(args))}); "
+        f"limit, SB3, cpprb: anonymous memory; ObjectRL, torchrl: /dev/shm  ",
         f"Run: {'--quick' if args.quick else 'full sizes'}, device {args.device}, torch.set_num_threads(1), "
-        f"{len(rounds)} round(s); each cell is the median over rounds of the per-round median "
-        "(blocks of calls after warm-up), (ratio) = this library / limit in the same round.",
+        f"{len(rounds)} round(s); each cell is the median over rounds of the per-round {STATS[stat]} "
+        "of per-block means (blocks of calls after warm-up); (ratio) = this library / limit in the same "
+        "round, median over rounds.",
         "",
         "| workload | unit | " + " | ".join(TITLES.get(p, p) for p in columns) + " |",
         "|---|---|" + "---:|" * len(columns),
@@ -225,6 +261,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-p", "--peers", default=",".join(ALL_PEERS), help=f"comma-separated, from {ALL_PEERS}")
     ap.add_argument("--repeat", type=int, default=1, help="rounds (each in fresh processes), interleaved")
     ap.add_argument("--device", default="cpu", help="training device samples are delivered to (workload 3)")
+    ap.add_argument(
+        "--stat",
+        choices=list(STATS),
+        default="median",
+        help="statistic of the per-block means (p10/min resist load from other processes better)",
+    )
+    ap.add_argument(
+        "--atari-storage-dir",
+        help="storage_dir of objectrl_buffer's second workload-4 run (default: a new folder in --tmp-dir)",
+    )
     ap.add_argument("-o", "--output", help="also write the markdown table to this file")
     ap.add_argument("--json", help="write the raw per-round results to this file")
     ap.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "objectrl_buffer_bench"))
