@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("-o", "--output", help="also write the markdown table to this file")
     ap.add_argument("--json", help="write the raw per-round results to this file")
+    ap.add_argument("--from-json", help="only render the table from a file written by --json (e.g. with --stat p10)")
     ap.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "objectrl_buffer_bench"))
     ap.add_argument("--objectrl-wheel", help="use this ObjectRL 0.2.1 wheel instead of downloading it")
     ap.add_argument("--no-download", action="store_true", help="never run pip download for the ObjectRL wheel")
@@ -290,6 +291,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         return child(args)
 
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        args.quick, peers = saved.get("quick", False), saved["peers"]
+        print(report(saved["rounds"], saved["params"], peers, args))
+        return
     sys.path.insert(0, str(HERE))
     from peers import Unsupported, upstream_module_path
     from workloads import FULL, QUICK
@@ -338,7 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.output:
         Path(args.output).write_text(table)
     if args.json:
-        Path(args.json).write_text(json.dumps({"params": params, "rounds": rounds}, indent=1))
+        saved = {"params": params, "rounds": rounds, "peers": peers, "quick": args.quick}
+        Path(args.json).write_text(json.dumps(saved, indent=1))
 
 
 if __name__ == "__main__":
