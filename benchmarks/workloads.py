@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -165,6 +166,11 @@ def rss() -> dict[str, float]:
     return out
 
 
+def _minor_faults() -> int:
+    """Minor page faults of this process so far (a write to a clean page of a shared file mapping is one)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 # ---------------------------------------------------------------------------- the workloads
 def w1_add(peer: Peer, p: dict[str, Any]) -> dict[str, Any]:
     """Single adds of a MuJoCo-like transition: mapping/native input, and ObjectRL's TensorDict."""
@@ -230,12 +236,14 @@ def w4_atari(peer: Peer, p: dict[str, Any]) -> dict[str, Any]:
     gc.collect()
     after = rss()
     res: dict[str, Any] = {"stored_mb": stored_mb, **{f"rss_{k}": after[k] - before[k] for k in after}}
+    faults = _minor_faults()
     if form == "td":  # the TensorDict build is timed apart, as in workload 1
         build = lambda i: peer.convert(rows[i % 200], form, batched=False)  # noqa: E731
         _, res["atari_add"] = time_build_and_add(build, peer.add, p["w4_calls"], p["w4_block"], p["w4_warmup"])
     else:
         add = lambda i: peer.add(items[i % 200])  # noqa: E731
         res["atari_add"] = time_calls(add, p["w4_calls"], p["w4_block"], p["w4_warmup"])
+    res["atari_add_faults"] = (_minor_faults() - faults) / (p["w4_calls"] + p["w4_warmup"])
     res["atari_sample"] = time_calls(lambda i: peer.sample(p["w4_k"]), p["w4_calls"] // 2, p["w4_block"], 10)
     return res
 
