@@ -8,11 +8,11 @@ loop hands over the same plain form millions of times. So once per schema we pre
 comparisons and write it through the NumPy view of the same memory (0.1-0.4 µs per key).
 
 The fast path only takes inputs it fully understands: a ``dict`` or a plain ``TensorDict`` with exactly
-the stored top-level keys, holding CPU ``torch.Tensor`` values of the stored dtype, NumPy arrays or
-scalars whose dtype the schema rule casts (same rule as :meth:`Schema.check`), or Python numbers for
-0-d keys (integers within the column's range). Anything else returns "not handled" *before writing*
-and the caller takes the full path, which stores the same bytes or raises the precise error. So a
-rejected write still leaves the buffer unchanged.
+the stored top-level keys (plus, maybe, the ignored ``"index"``), holding CPU ``torch.Tensor`` values
+of the stored dtype, NumPy arrays or scalars whose dtype the schema rule casts (same rule as
+:meth:`Schema.check`), or Python numbers for 0-d keys (integers within the column's range). Anything
+else returns "not handled" *before writing* and the caller takes the full path, which stores the same
+bytes or raises the precise error. So a rejected write still leaves the buffer unchanged.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from objectrl_buffer.schema import Key, Schema
+from objectrl_buffer.schema import INDEX_KEY, Key, Schema
 
 __all__ = ["FastWriter", "numpy_views"]
 
@@ -79,14 +79,19 @@ class FastWriter:
         arrays = numpy_views(columns)
         return None if arrays is None else cls(schema, arrays)
 
-    @staticmethod
-    def _items(data: Any, batch_dims: int) -> dict[Any, Any] | None:
+    def _items(self, data: Any, batch_dims: int) -> dict[Any, Any] | None:
+        """The key -> value dict of a plain input with the stored keys (and maybe "index"), else ``None``."""
         kind = type(data)
         if kind is dict:
-            return data
-        if kind is TensorDict and len(data._batch_size) == batch_dims:
+            items = data
+        elif kind is TensorDict and len(data._batch_size) == batch_dims:
             # The TensorDict's own key -> value dict: td.items() costs ~0.5 µs per key more.
-            return data._tensordict
+            items = data._tensordict
+        else:
+            return None
+        extra = len(items) - self.n_keys  # an "index" key (a sample written back) is dropped, as on the full path
+        if extra == 0 or (extra == 1 and INDEX_KEY in items):
+            return items
         return None
 
     @staticmethod
@@ -100,7 +105,7 @@ class FastWriter:
     def write_row(self, data: Any, slot: int) -> bool:
         """Write one transition to ``slot`` if it is a plain input that fits; ``False`` (nothing written) if not."""
         items = self._items(data, 0)
-        if items is None or len(items) != self.n_keys:
+        if items is None:
             return False
         values = []
         try:
@@ -136,7 +141,7 @@ class FastWriter:
         when the input is not a plain batch that fits.
         """
         items = self._items(data, 1)
-        if items is None or len(items) != self.n_keys:
+        if items is None:
             return -1
         values = []
         n = -1

@@ -106,7 +106,8 @@ def batch(draw: st.DrawFn) -> object:
         "flag": torch.rand(n, generator=g) < 0.5,
         "reward": torch.randn(n, generator=g),
     }
-    form = draw(st.sampled_from(["tensor", "numpy", "float64", "td", "wrong_dtype", "wrong_shape", "missing"]))
+    forms = ["tensor", "numpy", "float64", "td", "wrong_dtype", "wrong_shape", "missing", "index", "index_missing"]
+    form = draw(st.sampled_from(forms))
     if form == "numpy":
         data = {k: v.numpy() for k, v in data.items()}  # type: ignore[union-attr]
     elif form == "float64":
@@ -119,6 +120,10 @@ def batch(draw: st.DrawFn) -> object:
         data["state"] = torch.zeros(n, 4)
     elif form == "missing":
         del data["flag"]
+    elif form in ("index", "index_missing"):  # a sample written back carries "index": ignored
+        data["index"] = torch.arange(draw(st.integers(0, n + 1)))
+        if form == "index_missing":
+            del data["reward"]
     return data
 
 
@@ -168,7 +173,9 @@ def test_fast_path_is_taken_for_plain_inputs(rb: ReplayBuffer, monkeypatch: pyte
     rb.add(TensorDict({"state": torch.ones(3), "action": 1, "flag": True, "reward": 1.0}))
     rb.add_batch({"state": torch.ones(4, 3), "action": torch.ones(4, dtype=torch.int64),
                   "flag": torch.ones(4, dtype=torch.bool), "reward": torch.ones(4)})  # fmt: skip
-    assert len(rb) == 36
+    rb.add_batch(rb.sample_batch(5))  # carries "index"
+    rb.add(rb.sample_by_index(3)[0])
+    assert len(rb) == 42
 
 
 @pytest.mark.parametrize(
