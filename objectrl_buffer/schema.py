@@ -67,6 +67,14 @@ class Field:
         return f"shape={tuple(self.shape)}, dtype={str(self.dtype).removeprefix('torch.')}"
 
 
+def _out_of_range(value: int, dtype: torch.dtype) -> bool:
+    """Whether a Python int does not fit an integer ``dtype`` (floating and bool columns take any int)."""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return False
+    info = torch.iinfo(dtype)
+    return not info.min <= value <= info.max
+
+
 def _as_tensor(key: Key, value: Any) -> torch.Tensor:
     """A tensor for a NumPy array/scalar, Python number or nested list (tensors pass through).
 
@@ -155,6 +163,8 @@ class Schema:
                     raise SchemaError(self._mismatch(field, "a Python float"))
                 if field.dtype == torch.bool and not isinstance(value, bool):  # same_kind: int -> bool is unsafe
                     raise SchemaError(self._mismatch(field, f"a Python {type(value).__name__}"))
+                if type(value) is int and _out_of_range(value, field.dtype):  # else the write fails half-way
+                    raise SchemaError(self._mismatch(field, f"the int {value}, out of range"))
                 pairs.append((field, value))
                 continue
             if not isinstance(value, torch.Tensor):

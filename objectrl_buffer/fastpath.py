@@ -1,0 +1,173 @@
+"""Per-schema fast paths for the per-step writes (``add``) and batched writes (``add_batch``) on CPU storage.
+
+Why this exists: :meth:`Schema.check` accepts every input form and names what is wrong, but it pays
+for that generality (a generator over nested leaves, ``isinstance`` against ABCs, ~1 µs per key),
+and torch's indexing costs 2-3 µs per ``column[slot] = value`` (3 µs for a Python number). A training
+loop hands over the same plain form millions of times. So once per schema we precompute a tuple of
+(key, expected dtype/shape, NumPy view of the column) and, per call, check each value with identity
+comparisons and write it through the NumPy view of the same memory (0.1-0.4 µs per key).
+
+The fast path only takes inputs it fully understands: a ``dict`` or a plain ``TensorDict`` with exactly
+the stored top-level keys (plus, maybe, the ignored ``"index"``), holding CPU ``torch.Tensor`` values
+of the stored dtype, NumPy arrays or scalars whose dtype the schema rule casts (same rule as
+:meth:`Schema.check`), or Python numbers for 0-d keys (integers within the column's range). Anything
+else returns "not handled" *before writing* and the caller takes the full path, which stores the same
+bytes or raises the precise error. So a rejected write still leaves the buffer unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from objectrl_buffer.schema import INDEX_KEY, Key, Schema
+
+__all__ = ["FastWriter", "numpy_views"]
+
+# What a column accepts as a Python number (the Schema.check rule: no float into a non-float column).
+_FLOAT, _INT, _BOOL, _NONE = 0, 1, 2, 3
+
+
+def numpy_views(columns: dict[Key, torch.Tensor]) -> dict[Key, np.ndarray] | None:
+    """NumPy views sharing memory with CPU ``columns`` (``None`` if a dtype has no NumPy twin)."""
+    try:
+        return {key: column.numpy() for key, column in columns.items()}
+    except (TypeError, RuntimeError):
+        return None
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:
+    try:
+        return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    except TypeError:
+        return None
+
+
+class FastWriter:
+    """Checks and writes one schema's plain inputs straight into NumPy views of the columns.
+
+    Build it with :meth:`build`; it is ``None`` for schemas it cannot serve (nested keys, dtypes
+    without a NumPy twin), and then every write takes the full path.
+    """
+
+    def __init__(self, schema: Schema, arrays: dict[Key, np.ndarray]) -> None:
+        self.n_keys = len(schema.fields)
+        entries = []
+        for field in schema.fields:
+            array = arrays[field.key]
+            if field.shape:
+                scalar = _NONE
+            elif field.dtype.is_floating_point or field.dtype.is_complex:
+                scalar = _FLOAT
+            elif field.dtype == torch.bool:
+                scalar = _BOOL
+            else:
+                scalar = _INT
+            info = torch.iinfo(field.dtype) if scalar == _INT else None
+            low, high = (info.min, info.max) if info is not None else (0, 1)
+            entries.append((field.key, field.dtype, tuple(field.shape), array, scalar, low, high, {array.dtype: True}))
+        self.entries = tuple(entries)
+
+    @classmethod
+    def build(cls, schema: Schema, columns: dict[Key, torch.Tensor]) -> FastWriter | None:
+        """A writer for ``schema`` over CPU ``columns``, or ``None`` if the fast path cannot serve it."""
+        if any(not isinstance(f.key, str) for f in schema.fields):
+            return None
+        arrays = numpy_views(columns)
+        return None if arrays is None else cls(schema, arrays)
+
+    def _items(self, data: Any, batch_dims: int) -> dict[Any, Any] | None:
+        """The key -> value dict of a plain input with the stored keys (and maybe "index"), else ``None``."""
+        kind = type(data)
+        if kind is dict:
+            items = data
+        elif kind is TensorDict and len(data._batch_size) == batch_dims:
+            # The TensorDict's own key -> value dict: td.items() costs ~0.5 µs per key more.
+            items = data._tensordict
+        else:
+            return None
+        extra = len(items) - self.n_keys  # an "index" key (a sample written back) is dropped, as on the full path
+        if extra == 0 or (extra == 1 and INDEX_KEY in items):
+            return items
+        return None
+
+    @staticmethod
+    def _castable(cache: dict[np.dtype, bool], np_dtype: np.dtype, dtype: torch.dtype) -> bool:
+        ok = cache.get(np_dtype)
+        if ok is None:
+            source = _torch_dtype(np_dtype)
+            ok = cache[np_dtype] = source is not None and torch.can_cast(source, dtype)
+        return ok
+
+    def write_row(self, data: Any, slot: int) -> bool:
+        """Write one transition to ``slot`` if it is a plain input that fits; ``False`` (nothing written) if not."""
+        items = self._items(data, 0)
+        if items is None:
+            return False
+        values = []
+        try:
+            for key, dtype, shape, array, scalar, low, high, casts in self.entries:
+                value = items[key]
+                kind = type(value)
+                if kind is torch.Tensor:
+                    if value.dtype is not dtype or value.shape != shape:
+                        return False
+                    value = value.numpy()  # raises for a tensor that needs grad or is not on the CPU
+                elif kind is float:
+                    if scalar != _FLOAT:
+                        return False
+                elif kind is int or kind is bool:
+                    if scalar == _NONE or (scalar == _INT and not low <= value <= high):
+                        return False
+                elif kind is np.ndarray or isinstance(value, np.generic):
+                    if value.shape != shape or not (value.dtype in casts or self._castable(casts, value.dtype, dtype)):
+                        return False
+                else:
+                    return False
+                values.append((array, value))
+        except (KeyError, RuntimeError, TypeError):
+            return False
+        for array, value in values:
+            array[slot] = value
+        return True
+
+    def write_batch(self, data: Any, pointer: int, capacity: int) -> int:
+        """Write a batch of ``N`` rows at ``pointer, pointer+1, ...`` (mod ``capacity``); return ``N``.
+
+        Keeps only the newest ``capacity`` rows when ``N > capacity``. Returns ``-1`` (nothing written)
+        when the input is not a plain batch that fits.
+        """
+        items = self._items(data, 1)
+        if items is None:
+            return -1
+        values = []
+        n = -1
+        try:
+            for key, dtype, shape, array, _, _, _, casts in self.entries:
+                value = items[key]
+                kind = type(value)
+                if kind is torch.Tensor:
+                    if value.dtype is not dtype:
+                        return -1
+                    value = value.numpy()
+                elif kind is not np.ndarray or not (value.dtype in casts or self._castable(casts, value.dtype, dtype)):
+                    return -1
+                rows = value.shape
+                if len(rows) != len(shape) + 1 or rows[1:] != shape or (n >= 0 and rows[0] != n):
+                    return -1
+                n = rows[0]
+                values.append((array, value))
+        except (KeyError, RuntimeError, TypeError):
+            return -1
+        kept = min(n, capacity)
+        first = n - kept
+        start = (pointer + first) % capacity
+        head = min(kept, capacity - start)
+        for array, value in values:
+            array[start : start + head] = value[first : first + head]
+            if head < kept:
+                array[: kept - head] = value[first + head : n]
+        return n
