@@ -122,6 +122,8 @@ class FastWriter:
                 elif kind is int or kind is bool:
                     if scalar == _NONE or (scalar == _INT and not low <= value <= high):
                         return False
+                    if scalar == _BOOL and kind is int:  # same_kind: int -> bool is unsafe
+                        return False
                 elif kind is np.ndarray or isinstance(value, np.generic):
                     if value.shape != shape or not (value.dtype in casts or self._castable(casts, value.dtype, dtype)):
                         return False
