@@ -384,8 +384,9 @@ def main(argv: list[str] | None = None) -> float:
             "truncated": float(truncated),
             "step": global_step,
         }
+        item = transition if args.plain_dict else TensorDict(transition, batch_size=[])  # the agent's cost
         with add_clock:
-            memory.add(transition if args.plain_dict else TensorDict(transition, batch_size=[]))
+            memory.add(item)
 
         obs = next_obs
         if terminated or truncated:
