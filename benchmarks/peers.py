@@ -9,7 +9,6 @@ table) where its library has no API for a workload; a missing package raises it 
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import os
 import subprocess
 import sys
@@ -165,7 +164,22 @@ class Limit(Peer):
         self.cols, self.size = cols, rows
 
 
-class Ours(Peer):
+class ObjectRLAPI(Peer):
+    """A peer with ObjectRL's method names: ``add``, ``add_batch``, ``sample_batch`` on ``self.rb``."""
+
+    rb: Any
+
+    def add(self, item: Any) -> None:
+        self.rb.add(item)
+
+    def add_batch(self, item: Any) -> None:
+        self.rb.add_batch(item)
+
+    def sample(self, k: int) -> Any:
+        return self.rb.sample_batch(k)
+
+
+class Ours(ObjectRLAPI):
     """objectrl_buffer.ReplayBuffer (mapping and TensorDict input)."""
 
     name = "objectrl_buffer"
@@ -185,22 +199,11 @@ class Ours(Peer):
             return {k: _np(v) for k, v in data.items()}
         return data
 
-    def add(self, item: Any) -> None:
-        self.rb.add(item)
-
-    def add_batch(self, item: Any) -> None:
-        self.rb.add_batch(item)
-
-    def sample(self, k: int) -> Any:
-        return self.rb.sample_batch(k)
-
     def epoch(self, batch_size: int, shuffle: bool) -> Iterable[Any]:
         return self.rb.create_epoch_iterator(batch_size, 1, shuffle=shuffle)
 
     def save(self, path: str) -> None:
-        if "data" not in inspect.signature(self.rb.save).parameters:
-            raise Unsupported("save(path, data=True) not in this version (checkpoint work not merged)")
-        self.rb.save(path, data=True)  # type: ignore[call-arg]
+        self.rb.save(path, data=True)
 
     def load(self, path: str) -> None:
         rb = self.cls(self.device, "cpu", self.capacity, storage_dir=self.storage_dir)
@@ -232,7 +235,7 @@ def upstream_module_path(cache_dir: str, wheel: str | None, download: bool = Tru
     return str(target)
 
 
-class Upstream(Peer):
+class Upstream(ObjectRLAPI):
     """ObjectRL 0.2.1's ReplayBuffer, imported by file path from its wheel (TensorDict input only)."""
 
     name = "objectrl"
@@ -250,15 +253,6 @@ class Upstream(Peer):
 
     def convert(self, data: dict[str, Any], form: str, batched: bool) -> Any:
         return _tensordict(data, batched)
-
-    def add(self, item: Any) -> None:
-        self.rb.add(item)
-
-    def add_batch(self, item: Any) -> None:
-        self.rb.add_batch(item)
-
-    def sample(self, k: int) -> Any:
-        return self.rb.sample_batch(k)
 
     def epoch(self, batch_size: int, shuffle: bool) -> Iterable[Any]:
         if shuffle:

@@ -160,3 +160,62 @@ def forkserver() -> Any:
     preload = ["objectrl_buffer", "checkpoint_helpers", "kill_during_save", "test_crash_safety", "test_crash_points"]
     ctx.set_forkserver_preload(preload)
     return ctx
+
+
+def round_trip_in_fresh_process(
+    tmp_path: Any,
+    buffers: dict[str, ReplayBuffer],
+    *,
+    helpers: str,
+    snapshot_name: str,
+    next_draws_fn: Callable[[Any], Any],
+    snapshot_fn: Callable[[Any], Any],
+    cls_name: str,
+) -> None:
+    """Save each buffer with data, rebuild it in a new Python process with ``cls_name.from_checkpoint``
+    and assert the child's snapshot and next draws equal the parent's.
+
+    ``helpers`` is the test module the child imports ``next_draws`` and ``snapshot_name`` from.
+    """
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    cases = {}
+    for name, rb in buffers.items():
+        path = tmp_path / f"run-{name}"
+        rb.save(path, data=True)
+        expected = {"snapshot": snapshot_fn(rb)}
+        if len(rb):
+            expected["draws"] = next_draws_fn(rb)
+        torch.save(expected, tmp_path / f"expected-{name}.pt")
+        cases[str(path)] = str(tmp_path / f"got-{name}.pt")
+    child = textwrap.dedent(
+        f"""
+        import json, sys, torch
+        from {helpers} import next_draws, {snapshot_name} as snapshot
+        from objectrl_buffer import {cls_name} as Buffer
+        for path, out in json.loads(sys.argv[1]).items():
+            rb = Buffer.from_checkpoint(path, storage_dir=sys.argv[2])
+            got = {{"snapshot": snapshot(rb)}}
+            if len(rb):
+                got["draws"] = next_draws(rb)
+            torch.save(got, out)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests")])}
+    result = subprocess.run(
+        [sys.executable, "-c", child, json.dumps(cases), str(tmp_path / "child-storage")],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    for name in buffers:
+        expected = torch.load(tmp_path / f"expected-{name}.pt", weights_only=False)
+        got = torch.load(tmp_path / f"got-{name}.pt", weights_only=False)
+        assert_same(got, expected, name)

@@ -5,15 +5,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 import torch
-from checkpoint_helpers import SPEC, assert_same, data_folder, edit_manifest, fill, next_draws, rows, snapshot, tree
+from checkpoint_helpers import (
+    SPEC,
+    assert_same,
+    data_folder,
+    edit_manifest,
+    fill,
+    next_draws,
+    round_trip_in_fresh_process,
+    rows,
+    snapshot,
+    tree,
+)
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.checkpoint import verify_checkpoint, wait_for_cleanup
@@ -54,43 +63,16 @@ def test_round_trip_restores_rows_ring_and_next_samples(tmp_path: Path, capacity
 
 def test_round_trip_in_a_fresh_process(tmp_path: Path) -> None:
     """Saved here, loaded by a new Python process: same rows, order, counters and next samples."""
-    cases = {}
-    for capacity, n in SIZES:
-        rb = make(tmp_path, capacity, n, seed=capacity * 100 + n)
-        path = tmp_path / f"run-{capacity}-{n}"
-        rb.save(path, data=True)
-        expected = {"snapshot": snapshot(rb)}
-        if n:
-            expected["draws"] = next_draws(rb)
-        torch.save(expected, tmp_path / f"expected-{capacity}-{n}.pt")
-        cases[str(path)] = str(tmp_path / f"got-{capacity}-{n}.pt")
-    child = textwrap.dedent(
-        """
-        import json, sys, torch
-        from checkpoint_helpers import next_draws, snapshot
-        from objectrl_buffer import ReplayBuffer
-        for path, out in json.loads(sys.argv[1]).items():
-            rb = ReplayBuffer.from_checkpoint(path, storage_dir=sys.argv[2])
-            got = {"snapshot": snapshot(rb)}
-            if len(rb):
-                got["draws"] = next_draws(rb)
-            torch.save(got, out)
-        """
+    buffers = {f"{capacity}-{n}": make(tmp_path, capacity, n, seed=capacity * 100 + n) for capacity, n in SIZES}
+    round_trip_in_fresh_process(
+        tmp_path,
+        buffers,
+        helpers="checkpoint_helpers",
+        snapshot_name="snapshot",
+        next_draws_fn=next_draws,
+        snapshot_fn=snapshot,
+        cls_name="ReplayBuffer",
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    result = subprocess.run(
-        [sys.executable, "-c", child, json.dumps(cases), str(tmp_path / "child-storage")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    for capacity, n in SIZES:
-        expected = torch.load(tmp_path / f"expected-{capacity}-{n}.pt", weights_only=False)
-        got = torch.load(tmp_path / f"got-{capacity}-{n}.pt", weights_only=False)
-        assert_same(got, expected, f"capacity={capacity}, n={n}")
 
 
 def test_every_dtype_and_nested_keys_round_trip_bit_exactly(tmp_path: Path) -> None:

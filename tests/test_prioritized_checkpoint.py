@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from checkpoint_helpers import assert_same, data_folder, edit_manifest, fill, snapshot
+from checkpoint_helpers import assert_same, data_folder, edit_manifest, fill, round_trip_in_fresh_process, snapshot
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer, cli
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
@@ -105,43 +102,16 @@ def test_round_trip_restores_priorities_and_next_samples(tmp_path: Path, capacit
 
 def test_round_trip_in_a_fresh_process(tmp_path: Path) -> None:
     """Saved here, loaded by a new Python process: same rows, priorities and next prioritized batches."""
-    cases = {}
-    for capacity, n in SIZES:
-        rb = make(tmp_path, capacity, n, seed=capacity * 100 + n)
-        path = tmp_path / f"run-{capacity}-{n}"
-        rb.save(path, data=True)
-        expected = {"snapshot": priority_snapshot(rb)}
-        if n:
-            expected["draws"] = next_draws(rb)
-        torch.save(expected, tmp_path / f"expected-{capacity}-{n}.pt")
-        cases[str(path)] = str(tmp_path / f"got-{capacity}-{n}.pt")
-    child = textwrap.dedent(
-        """
-        import json, sys, torch
-        from test_prioritized_checkpoint import next_draws, priority_snapshot
-        from objectrl_buffer import PrioritizedReplayBuffer
-        for path, out in json.loads(sys.argv[1]).items():
-            rb = PrioritizedReplayBuffer.from_checkpoint(path, storage_dir=sys.argv[2])
-            got = {"snapshot": priority_snapshot(rb)}
-            if len(rb):
-                got["draws"] = next_draws(rb)
-            torch.save(got, out)
-        """
+    buffers = {f"{capacity}-{n}": make(tmp_path, capacity, n, seed=capacity * 100 + n) for capacity, n in SIZES}
+    round_trip_in_fresh_process(
+        tmp_path,
+        buffers,
+        helpers="test_prioritized_checkpoint",
+        snapshot_name="priority_snapshot",
+        next_draws_fn=next_draws,
+        snapshot_fn=priority_snapshot,
+        cls_name="PrioritizedReplayBuffer",
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    result = subprocess.run(
-        [sys.executable, "-c", child, json.dumps(cases), str(tmp_path / "child-storage")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    for capacity, n in SIZES:
-        expected = torch.load(tmp_path / f"expected-{capacity}-{n}.pt", weights_only=False)
-        got = torch.load(tmp_path / f"got-{capacity}-{n}.pt", weights_only=False)
-        assert_same(got, expected, f"capacity={capacity}, n={n}")
 
 
 def test_load_keeps_the_buffers_settings_from_checkpoint_takes_the_saved_ones(tmp_path: Path) -> None:
