@@ -111,12 +111,15 @@ class TransitionStorage:
         self.columns = {f.key: stored.get(f.key).as_subclass(torch.Tensor) for f in schema.fields}
         if self.device.type == "cpu":
             self.arrays = numpy_views(self.columns)
-            self.fast = FastWriter.build(schema, self.columns)
+            files = {f.key: getattr(stored.get(f.key), "filename", None) for f in schema.fields}
+            self.fast = FastWriter.build(schema, self.columns, {k: v for k, v in files.items() if v})
         self.schema = schema
 
     def release(self) -> None:
         """Drop the rows and the schema; memory and files are freed now, not at the next GC."""
         self.columns = {}
+        if self.fast is not None:
+            self.fast.close()
         self.arrays = self.fast = None
         self.schema = None
         storage = self.torchrl

@@ -254,3 +254,46 @@ def test_epoch_reads_match_indexed_reads(rb: ReplayBuffer, shuffle: bool) -> Non
             assert torch.equal(part[key], ref[key]), key
         seen += part["index"].tolist()
     assert (sorted(seen) if shuffle else seen) == list(range(len(rb)))  # slot order without shuffle
+
+
+def test_wide_rows_go_through_pwrite_and_read_back_exactly(tmp_path) -> None:
+    """Atari-sized rows are written with os.pwrite into the memmap file; reads through the mapping see them."""
+    import os
+
+    from objectrl_buffer.fastpath import WIDE_ROW_BYTES
+
+    capacity = 7
+    rb = ReplayBuffer("cpu", "cpu", capacity, seed=0, storage_dir=tmp_path)
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, size=(40, 4, 84, 84), dtype=np.uint8)
+    assert frames[0].nbytes >= WIDE_ROW_BYTES
+    reference: list = [None] * capacity  # slot -> (frame id, step)
+    pointer = 0
+
+    def single(i: int, as_tensor: bool) -> None:
+        nonlocal pointer
+        frame = torch.from_numpy(frames[i]) if as_tensor else frames[i]
+        rb.add({"state": frame, "small": np.float32(i), "step": i})
+        reference[pointer] = i
+        pointer = (pointer + 1) % capacity
+
+    for i in range(5):
+        single(i, as_tensor=i % 2 == 0)
+    assert rb._storage.fast is not None and set(rb._storage.fast.fds) == {"state"}  # the wide path is in use
+    ids = np.arange(5, 16)  # 11 rows into capacity 7: wraps and keeps the newest 7
+    rb.add_batch({"state": frames[ids], "small": ids.astype(np.float32), "step": ids})
+    for i in ids:
+        reference[pointer] = int(i)
+        pointer = (pointer + 1) % capacity
+    for i in range(16, 25):
+        single(i, as_tensor=False)
+    got = rb.sample_by_index(range(capacity))
+    for slot, i in enumerate(reference):
+        assert np.array_equal(got["state"][slot].numpy(), frames[i]), slot
+        assert got["step"][slot].item() == i
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        rb.reset()
+        single(0, as_tensor=False)
+    assert len(os.listdir("/proc/self/fd")) == fds  # the wide columns' files are closed on reset
+    rb.close()
