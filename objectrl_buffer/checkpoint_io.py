@@ -102,10 +102,12 @@ class Crc32:
         self._crc = zlib.crc32(view, self._crc)
 
     def add(self, view: memoryview) -> Future[None]:
+        """Queue ``view`` (left unchanged until the returned future is done)."""
         self._last = self._pool.submit(self._update, view, self._last)
         return self._last
 
     def value(self) -> int:
+        """The crc32 of every chunk added so far (waits for the queued ones)."""
         if self._last is not None:
             self._last.result()
         return self._crc

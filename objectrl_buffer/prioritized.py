@@ -361,11 +361,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             )
         n, g = (1, 0.0) if n_step == 1 else check_n_step(n_step, gamma)
         self._require_rows()
-        if not self._index.total() > 0:
+        if self._eps == 0 and not self._index.total() > 0:  # total() syncs: only eps == 0 can make it 0
             raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")
         slots = self._index.draw(k, self.data_size, self.generator)
         batch = self._read_transitions(slots, n, g)
-        batch.set(WEIGHT_KEY, self.importance_weights(slots).to(self.device, non_blocking=True))
+        batch.set(WEIGHT_KEY, self._to_device(self.importance_weights(slots)))
         return batch
 
     def importance_weights(self, slots: torch.Tensor) -> torch.Tensor:

@@ -131,7 +131,8 @@ class ReplayBuffer:
         Its length and write cursor are brought in line with ``data_size``/``pointer`` on access.
         Write through :meth:`add`/:meth:`add_batch`, not through it.
         """
-        self._storage.torchrl._len = self.data_size
+        # after a metadata-only load the counters describe rows this storage does not hold
+        self._storage.torchrl._len = self.data_size if self._storage.initialized else 0
         self._memory._writer._cursor = self.pointer
         return self._memory
 
@@ -183,11 +184,17 @@ class ReplayBuffer:
         self._generation += 1
 
     def close(self) -> None:
-        """Free the storage and remove its files; the buffer cannot be used afterwards."""
+        """Free the storage, its files and the pinned staging memory; the buffer cannot be used afterwards.
+
+        Epoch iterators created before raise :class:`StaleIteratorError`.
+        """
         self._storage.close()
         self.data_size = self.pointer = 0
+        self._generation += 1
+        self.epoch_iterator = None
+        self._staging = None
 
-    def __enter__(self) -> ReplayBuffer:
+    def __enter__(self: RB) -> RB:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -310,10 +317,13 @@ class ReplayBuffer:
         if with_index:
             values[INDEX_KEY] = slots
         if self.device != self.storing_device:
-            # non_blocking only host -> device: a non-blocking device -> host copy may be read before it lands
-            non_blocking = self.device.type != "cpu"
-            values = {k: v.to(self.device, non_blocking=non_blocking) for k, v in values.items()}
+            values = {k: self._to_device(v) for k, v in values.items()}
         return make_tensordict(values, slots.shape, self.device)
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on the training device; non-blocking only host -> device (a non-blocking
+        device -> host copy could be read before it lands)."""
+        return tensor.to(self.device, non_blocking=self.device.type != "cpu")
 
     def _as_slots(self, indices: Slots) -> torch.Tensor:
         """Validated int64 slot tensor on the storing device."""
@@ -387,7 +397,7 @@ class ReplayBuffer:
         )
         batch = self._read(slots, [key for key in columns if key not in targets])
         for key, value in targets.items():
-            batch.set(key, value.to(self.device, non_blocking=True))
+            batch.set(key, self._to_device(value))
         return batch
 
     def sample_random(self, batch_size: int) -> TensorDict:
@@ -680,9 +690,9 @@ class ReplayBuffer:
             old, self._storage = self._storage, restored.storage
             self.buffer_size = restored.buffer_size
             self._memory = self._make_memory()
-            self._generation += 1  # epoch iterators over the old rows are stale
-            self.epoch_iterator = None
             old.close()
+        self._generation += 1  # epoch iterators over the old rows (or old counters) are stale
+        self.epoch_iterator = None
         if restored.generator_state is not None:
             self.generator.set_state(restored.generator_state)
         elif restored.generator_seed is not None:

@@ -64,6 +64,7 @@ class Field:
         return self.shape.numel() * self.dtype.itemsize
 
     def describe(self) -> str:
+        """``shape=(17,), dtype=float32``: the per-row layout as messages show it."""
         return f"shape={tuple(self.shape)}, dtype={str(self.dtype).removeprefix('torch.')}"
 
 

@@ -251,3 +251,20 @@ def test_load_reads_a_file_written_like_upstream(make_buffer: Factory, tmp_path:
     rb = make_buffer(8)
     rb.load(str(tmp_path / "up"))
     assert (rb.buffer_size, rb.data_size, rb.pointer) == (8, 8, 3)
+
+
+def test_memory_after_a_metadata_only_load_reports_no_rows(tmp_path) -> None:
+    """The torchrl view must not claim rows its storage does not hold (it would raise on sampling)."""
+    import torch as _torch
+
+    from objectrl_buffer import ReplayBuffer
+
+    source = ReplayBuffer("cpu", "cpu", 8)
+    source.add_batch({"x": _torch.arange(5.0)})
+    source.save(tmp_path / "meta")
+    fresh = ReplayBuffer("cpu", "cpu", 8)
+    fresh.load(tmp_path / "meta")
+    assert len(fresh) == 5
+    assert len(fresh.memory) == 0
+    source.close()
+    fresh.close()

@@ -188,3 +188,31 @@ def test_global_torch_rng_is_never_touched(make_buffer: Factory) -> None:
         buffer.sample_all()
         buffer.reset(20)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_close_makes_epoch_iterators_stale_and_drops_the_iterator() -> None:
+    from objectrl_buffer.errors import StaleIteratorError
+
+    rb = ReplayBuffer("cpu", "cpu", 8, seed=0)
+    rb.add_batch({"x": torch.arange(6.0)})
+    iterator = rb.create_epoch_iterator(2)
+    next(iterator)
+    rb.close()
+    assert rb.epoch_iterator is None
+    with pytest.raises(StaleIteratorError):
+        next(iterator)
+
+
+def test_metadata_only_load_makes_epoch_iterators_stale(tmp_path) -> None:
+    from objectrl_buffer.errors import StaleIteratorError
+
+    rb = ReplayBuffer("cpu", "cpu", 8, seed=0)
+    rb.add_batch({"x": torch.arange(6.0)})
+    rb.save(tmp_path / "small")
+    rb.add_batch({"x": torch.arange(2.0)})
+    iterator = rb.create_epoch_iterator(2)
+    rb.load(tmp_path / "small")
+    assert len(rb) == 6 and rb.epoch_iterator is None
+    with pytest.raises(StaleIteratorError):
+        next(iterator)
+    rb.close()
