@@ -46,11 +46,14 @@ from objectrl_buffer.checkpoint_manifest import (
     parse_manifest,
 )
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
+from objectrl_buffer.prefault import populate_write
 from objectrl_buffer.schema import Key, Schema, format_key
 
 __all__ = ["CHUNK_BYTES", "BufferState", "write_data_folder", "read_manifest", "read_data", "verify_data"]
 
 CHUNK_BYTES = 64 << 20
+#: Step of loads into CPU storage: a worker maps one such chunk while the previous one is read.
+PREFAULT_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -227,28 +230,49 @@ class _File:
     target: torch.Tensor | None  # flat uint8, nbytes long, any device
 
 
+def _chunks(nbytes: int, step: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of consecutive chunks of at most ``step`` bytes covering ``nbytes``."""
+    return [(start, min(step, nbytes - start)) for start in range(0, nbytes, step)]
+
+
 def _copy_files(folder: str, files: list[_File], verify: bool, bar: Progress) -> None:
     """Stream every file in chunks into its target when it has one; check crc32s if ``verify``.
 
-    CPU targets are read straight into (no intermediate copy); otherwise through two alternating host
-    chunks, so the checksum of one chunk runs while the next is read.
+    CPU targets are read straight into, in :data:`PREFAULT_BYTES` chunks that a worker thread maps
+    ahead of the reader (:func:`~objectrl_buffer.prefault.populate_write`), and their checksums run on
+    another worker while the next chunks and files are read; the crc32s are compared once everything is
+    read. Other targets go through two alternating host chunks, so the checksum of one chunk runs while
+    the next is read.
     """
     scratch: list[torch.Tensor] = []
     pending: list[Future[None] | None] = [None, None]
-    with ThreadPoolExecutor(1, thread_name_prefix="objectrl_buffer-crc") as crc_pool:
+    sums: list[tuple[str, _File, Crc32]] = []
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="objectrl_buffer-crc") as crc_pool,
+        ThreadPoolExecutor(2, thread_name_prefix="objectrl_buffer-prefault") as fault_pool,
+    ):
+        plans = []
         for file in files:
+            flat = file.target
+            if flat is not None and flat.device.type == "cpu":
+                chunks = _chunks(file.nbytes, PREFAULT_BYTES)
+                faults = [fault_pool.submit(populate_write, flat[a : a + n]) for a, n in chunks]
+            else:
+                chunks, faults = _chunks(file.nbytes, CHUNK_BYTES), []
+            plans.append((file, chunks, faults))
+        for file, chunks, faults in plans:
             path = os.path.join(folder, file.name)
             flat = file.target
-            direct = flat is not None and flat.device.type == "cpu"
+            direct = bool(faults)
             if not direct and not scratch and file.nbytes:
                 size = min(CHUNK_BYTES, max(f.nbytes for f in files))
                 scratch = [torch.empty(size, dtype=torch.uint8) for _ in range(2)]
             crc = Crc32(crc_pool)
             try:
                 with open(path, "rb", buffering=0) as f:
-                    for i, start in enumerate(range(0, file.nbytes, CHUNK_BYTES)):
-                        n = min(CHUNK_BYTES, file.nbytes - start)
+                    for i, (start, n) in enumerate(chunks):
                         if direct and flat is not None:
+                            faults[i].result()
                             chunk = flat[start : start + n]
                         else:
                             previous = pending[i % 2]
@@ -258,18 +282,22 @@ def _copy_files(folder: str, files: list[_File], verify: bool, bar: Progress) ->
                         view = chunk.numpy().data
                         readinto_exact(f, view, path)
                         if verify:
-                            pending[i % 2] = crc.add(view)
+                            summed = crc.add(view)
+                            if not direct:
+                                pending[i % 2] = summed
                         if flat is not None and not direct:
                             flat[start : start + n].copy_(chunk)
                         bar.update(n)
             except OSError as exc:
                 raise CheckpointError(f"cannot read '{path}': {exc.strerror or exc}") from exc
-            if verify and crc.value() != file.crc32:
-                raise CheckpointError(
-                    f"checksum mismatch in '{path}' (crc32 {crc.value():08x}, manifest records "
-                    f"{file.crc32:08x}): the checkpoint is corrupted"
-                )
-            pending = [None, None]
+            sums.append((path, file, crc))
+        if verify:
+            for path, file, crc in sums:
+                if crc.value() != file.crc32:
+                    raise CheckpointError(
+                        f"checksum mismatch in '{path}' (crc32 {crc.value():08x}, manifest records "
+                        f"{file.crc32:08x}): the checkpoint is corrupted"
+                    )
 
 
 def read_data(
