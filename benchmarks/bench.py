@@ -68,7 +68,8 @@ def metrics(p: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
         ("epoch", f"5 epoch over {k5} rows, batches of {p['w5_bs']}, slot order", "ms", "epoch"),
         ("epoch_shuffled", "5 epoch, shuffled", "ms", "epoch_shuffled"),
         ("save", f"6 save with data, {_n(p['w6_rows'])} rows (fsync)", "ms", "save"),
-        ("load", "6 load", "ms", "load"),
+        ("load", "6 load (crc32 checked: objectrl_buffer's default)", "ms", "load"),
+        ("load_unverified", "6 load, verify=False", "ms", "load"),
     ]
 
 
@@ -109,6 +110,13 @@ def child(args: argparse.Namespace) -> None:
 def atari_dir(args: argparse.Namespace) -> str:
     """Parent folder given as storage_dir to objectrl_buffer's second workload-4 run."""
     return str(args.atari_storage_dir or args.tmp_dir or tempfile.gettempdir())
+
+
+def atari_default_dir(params: dict[str, Any]) -> str:
+    """Where objectrl_buffer's default placement puts workload 4's buffer on this machine, now."""
+    from objectrl_buffer.placement import default_parent
+
+    return default_parent(int(params["w4_cap"] * ATARI_ROW_MB * 2**20))
 
 
 def run_child(peer: str, workload: str, params: dict[str, Any], args: argparse.Namespace, upstream: str) -> dict:
@@ -202,8 +210,9 @@ def report(rounds: list[dict[str, dict[str, Any]]], params: dict[str, Any], peer
         f"Date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}  ",
         f"Machine: {machine()}  ",
         f"Versions: {versions()}  ",
-        f"Storage folders (workload 4): objectrl_buffer default {tempfile.gettempdir()} "
-        f"({fs_type(tempfile.gettempdir())}); storage_dir {atari_dir(args)} ({fs_type(atari_dir(args))}); "
+        f"Storage folders (workload 4): objectrl_buffer default {atari_default_dir(params)} "
+        f"({fs_type(atari_default_dir(params))}, chosen by objectrl_buffer.placement); "
+        f"storage_dir {atari_dir(args)} ({fs_type(atari_dir(args))}); "
         f"limit, SB3, cpprb: anonymous memory; ObjectRL, torchrl: /dev/shm  ",
         f"Run: {'--quick' if args.quick else 'full sizes'}, device {args.device}, torch.set_num_threads(1), "
         f"{len(rounds)} round(s); each cell is the median over rounds of the per-round {STATS[stat]} "

@@ -94,6 +94,10 @@ class Peer:
     def load(self, path: str) -> None:
         raise Unsupported("no data checkpoint")
 
+    def load_unverified(self, path: str) -> None:
+        """A load that skips the library's integrity checks (only objectrl_buffer has that choice)."""
+        raise Unsupported("no checksums to skip")
+
 
 class Limit(Peer):
     """Preallocated tensors with a ring pointer: slice assignment to add, ``index_select`` to sample."""
@@ -205,10 +209,13 @@ class Ours(ObjectRLAPI):
     def save(self, path: str) -> None:
         self.rb.save(path, data=True)
 
-    def load(self, path: str) -> None:
+    def load(self, path: str, verify: bool = True) -> None:
         rb = self.cls(self.device, "cpu", self.capacity, storage_dir=self.storage_dir)
-        rb.load(path)
+        rb.load(path, verify=verify)
         self.rb = rb
+
+    def load_unverified(self, path: str) -> None:
+        self.load(path, verify=False)
 
 
 def upstream_module_path(cache_dir: str, wheel: str | None, download: bool = True) -> str:

@@ -274,7 +274,7 @@ def w6_checkpoint(peer: Peer, p: dict[str, Any]) -> dict[str, Any]:
     """Save with data (fsync where the library does it) and load, of ``w6_rows`` rows (ms)."""
     peer.create(p["w6_rows"], MUJOCO)
     fill(peer, MUJOCO, p["w6_rows"])
-    saves, loads = [], []
+    saves, loads, unverified = [], [], []
     for _ in range(p["w6_reps"]):
         folder = tempfile.mkdtemp(prefix="bench-ckpt-", dir=p.get("tmp_dir"))
         path = os.path.join(folder, "buffer")
@@ -285,9 +285,18 @@ def w6_checkpoint(peer: Peer, p: dict[str, Any]) -> dict[str, Any]:
             t = time.perf_counter_ns()
             peer.load(path)
             loads.append((time.perf_counter_ns() - t) / 1e6)
+            try:
+                t = time.perf_counter_ns()
+                peer.load_unverified(path)
+                unverified.append((time.perf_counter_ns() - t) / 1e6)
+            except Unsupported:
+                pass
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-    return {"save": summary(saves), "load": summary(loads)}
+    res = {"save": summary(saves), "load": summary(loads)}
+    if unverified:
+        res["load_unverified"] = summary(unverified)
+    return res
 
 
 WORKLOADS: dict[str, Callable[[Peer, dict[str, Any]], dict[str, Any]]] = {

@@ -345,7 +345,9 @@ def load_checkpoint(
         storage = TransitionStorage(capacity, state.storing_device, state.storage_dir)
         schema = manifest.schema
         if schema is not None:
-            storage.initialize(schema, {f.key: torch.zeros(f.shape, dtype=f.dtype) for f in schema.fields})
+            storage.initialize(
+                schema, {f.key: torch.zeros(f.shape, dtype=f.dtype) for f in schema.fields}, populate=False
+            )
         extras = read_data(ckpt.data_folder, manifest, storage.columns, verify, progress)
         restored = Restored(
             capacity,

@@ -72,8 +72,11 @@ class ReplayBuffer:
             same writes give the same samples and shuffles; global RNG state is never touched.
         shuffle: default of ``shuffle`` for the epoch iterators (``False`` keeps ObjectRL's slot order).
             Setting it here lets unmodified ObjectRL trainers get shuffled epochs.
-        storage_dir: parent folder for the CPU memmap files. ``None`` uses the system temp folder
-            (disk-backed), so the buffer does not depend on the size of ``/dev/shm``.
+        storage_dir: parent folder for the CPU memmap files (e.g. a disk folder, to keep a large buffer
+            out of RAM). ``None`` chooses at the first write (:mod:`~objectrl_buffer.placement`):
+            ``/dev/shm`` when the whole buffer takes at most a quarter of its free space and of the
+            available memory (all its pages are then reserved at once, so it never hits a full
+            ``/dev/shm`` later), else the system temp folder (disk-backed). A 64 MB ``/dev/shm`` works.
         transition_keys: names of the reward/next_state/terminated/truncated keys that n-step
             sampling and episode boundaries read (default: ObjectRL's names).
 
@@ -154,7 +157,8 @@ class ReplayBuffer:
 
     @property
     def storage_folder(self) -> str | None:
-        """Folder holding the CPU memmap files (``None`` on an accelerator)."""
+        """Folder holding the CPU memmap files: in ``storage_dir`` from the start, or chosen at the first
+        write when ``storage_dir`` is ``None`` (``None`` until then, and on an accelerator)."""
         return self._storage.folder
 
     def __repr__(self) -> str:

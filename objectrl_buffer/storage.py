@@ -1,8 +1,9 @@
 """Where rows live: a torchrl storage on the storing device, and cheap per-key access to it.
 
-* CPU: torchrl ``LazyMemmapStorage`` with its files in a private folder. By default that folder is
-  made under :func:`tempfile.gettempdir` (disk-backed page cache), not ``/dev/shm``, whose 64 MB cap
-  in many containers would stop a buffer of a few hundred thousand transitions.
+* CPU: torchrl ``LazyMemmapStorage`` with its files in a private folder, made in ``storage_dir`` when
+  the user names one. Otherwise :mod:`~objectrl_buffer.placement` picks the parent when the row size
+  is known (first write): ``/dev/shm`` if the whole buffer fits there with room to spare (its pages are
+  then reserved up front), the disk-backed temp folder if not, so a 64 MB ``/dev/shm`` never stops it.
 * Any other device (CUDA, MPS, ...): torchrl ``LazyTensorStorage`` on that device.
 
 torchrl allocates the storage on the first write and owns its layout. After that we keep a plain
@@ -35,10 +36,19 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.storages import TensorStorage
 
+from objectrl_buffer import placement
 from objectrl_buffer.fastpath import FastWriter, numpy_views
+from objectrl_buffer.prefault import populate_all
 from objectrl_buffer.schema import Key, Schema
 
 __all__ = ["TransitionStorage", "make_tensordict"]
+
+
+def _remove_folders(folders: list[str]) -> None:
+    """Remove every folder in ``folders`` (at close, or at exit for a storage never closed)."""
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    folders.clear()
 
 
 def make_tensordict(values: dict[Key, torch.Tensor], batch_size: torch.Size, device: torch.device | None) -> TensorDict:
@@ -77,16 +87,40 @@ class TransitionStorage:
         self.arrays: dict[Key, np.ndarray] | None = None  # NumPy views of the CPU columns
         self.fast: FastWriter | None = None  # per-schema fast path of add/add_batch (CPU only)
         self.folder: str | None = None
+        self._parent = os.fspath(directory) if directory is not None else None  # None: placement decides
+        self._folders: list[str] = []  # every private folder made, removed by close() or at exit
         self.torchrl: TensorStorage
         if device.type == "cpu":
-            parent = os.fspath(directory) if directory is not None else None
-            if parent is not None:
-                os.makedirs(parent, exist_ok=True)
-            self.folder = tempfile.mkdtemp(prefix="objectrl_buffer-", dir=parent)
-            self.torchrl = LazyMemmapStorage(capacity, scratch_dir=self.folder, existsok=True, auto_cleanup=False)
-            self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
+            self.torchrl = LazyMemmapStorage(capacity, existsok=True, auto_cleanup=False)
+            self._finalizer = weakref.finalize(self, _remove_folders, self._folders)
+            if self._parent is not None:
+                self._make_folder(self._parent)
         else:
             self.torchrl = LazyTensorStorage(capacity, device=device)
+
+    def _make_folder(self, parent: str) -> None:
+        """Create this storage's private folder in ``parent`` and point torchrl at it."""
+        os.makedirs(parent, exist_ok=True)
+        self.folder = tempfile.mkdtemp(prefix="objectrl_buffer-", dir=parent)
+        self._folders.append(self.folder)
+        assert isinstance(self.torchrl, LazyMemmapStorage)
+        self.torchrl.scratch_dir = self.folder + os.sep
+
+    def _place(self, nbytes: int) -> None:
+        """Without a user ``storage_dir``: move the (empty) private folder to where ``nbytes`` belong."""
+        if self._parent is not None:
+            return
+        parent = placement.default_parent(nbytes)
+        if self.folder is not None and os.path.dirname(self.folder) == parent:
+            return
+        self._remove_folder()
+        self._make_folder(parent)
+
+    def _remove_folder(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self._folders.remove(self.folder)
+            self.folder = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -94,26 +128,54 @@ class TransitionStorage:
         """Whether a schema has been fixed and memory allocated."""
         return self.schema is not None
 
-    def initialize(self, schema: Schema, first_row: dict[Key, torch.Tensor]) -> None:
-        """Allocate ``capacity`` rows of ``schema`` through torchrl, from one example row."""
-        example = make_tensordict(first_row, torch.Size([]), None)
+    def initialize(self, schema: Schema, first_row: dict[Key, torch.Tensor], *, populate: bool = True) -> None:
+        """Allocate ``capacity`` rows of ``schema`` through torchrl, from one example row.
+
+        Placed in ``/dev/shm`` by default (see :mod:`~objectrl_buffer.placement`), the files are
+        reserved in full, and with ``populate`` also mapped into this process at once, so that no later
+        write or read of a row takes a page fault (a loader that fills the pages itself passes ``False``).
+        Raises ``OSError`` when the memmap files cannot be created.
+        """
+        example = make_tensordict(first_row, torch.Size([]), None).to(self.device)
+        if self.device.type == "cpu":
+            self._place(schema.row_bytes * self.capacity)
+        stored = self._allocate(example)
+        reserved = False
+        if self._parent is None and self.folder is not None and os.path.dirname(self.folder) == placement.SHM_DIR:
+            try:
+                placement.reserve(getattr(stored.get(f.key), "filename", "") for f in schema.fields)
+                reserved = True
+            except OSError:  # /dev/shm filled up since the check: go to disk before any row is written
+                del stored
+                self.release()
+                self._remove_folder()
+                self._make_folder(tempfile.gettempdir())
+                stored = self._allocate(example)
+        # Plain-tensor views: indexing the MemoryMappedTensor subclass costs an extra dispatch per call.
+        self.columns = {f.key: stored.get(f.key).as_subclass(torch.Tensor) for f in schema.fields}
+        if self.device.type == "cpu":
+            if reserved and populate:
+                populate_all(list(self.columns.values()))
+            self.arrays = numpy_views(self.columns)
+            # Disk-backed files take wide rows through pwrite (see fastpath.WIDE_ROW_BYTES); reserved RAM
+            # is never written back, so its mapped pages stay writable and plain stores are cheaper.
+            files = {} if reserved else {f.key: getattr(stored.get(f.key), "filename", None) for f in schema.fields}
+            self.fast = FastWriter.build(schema, self.columns, {k: v for k, v in files.items() if v})
+        self.schema = schema
+
+    def _allocate(self, example: TensorDict) -> TensorDictBase:
+        """Let torchrl allocate its storage from ``example`` (written to slot 0); return that storage."""
         # torchrl logs an INFO line per allocation; PPO allocates twice per learn call, so keep it quiet.
         torchrl_log = logging.getLogger("torchrl")
         level = torchrl_log.level
         torchrl_log.setLevel(max(level, logging.WARNING))
         try:
-            self.torchrl.set(0, example.to(self.device))
+            self.torchrl.set(0, example)
         finally:
             torchrl_log.setLevel(level)
         stored = self.torchrl._storage
         assert isinstance(stored, TensorDictBase)
-        # Plain-tensor views: indexing the MemoryMappedTensor subclass costs an extra dispatch per call.
-        self.columns = {f.key: stored.get(f.key).as_subclass(torch.Tensor) for f in schema.fields}
-        if self.device.type == "cpu":
-            self.arrays = numpy_views(self.columns)
-            files = {f.key: getattr(stored.get(f.key), "filename", None) for f in schema.fields}
-            self.fast = FastWriter.build(schema, self.columns, {k: v for k, v in files.items() if v})
-        self.schema = schema
+        return stored
 
     def release(self) -> None:
         """Drop the rows and the schema; memory and files are freed now, not at the next GC."""
@@ -154,7 +216,7 @@ class TransitionStorage:
     def close(self) -> None:
         """Release the rows and remove the private folder. The storage is unusable afterwards."""
         self.release()
-        if self.folder is not None:
+        if self.device.type == "cpu":
             self._finalizer()
 
     @property

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import tempfile
 from collections.abc import Callable
 
 import numpy as np
@@ -71,18 +70,6 @@ def test_memmaps_live_in_storage_dir(tmp_path: pathlib.Path) -> None:
     finally:
         rb.close()
     assert not os.path.exists(folder)
-
-
-def test_default_storage_is_on_the_temp_dir_not_dev_shm() -> None:
-    rb = ReplayBuffer("cpu", "cpu", 10)
-    try:
-        folder = rb.storage_folder
-        assert folder is not None
-        assert pathlib.Path(folder).parent == pathlib.Path(tempfile.gettempdir())
-        rb.add(objectrl_transition(0))
-        assert os.listdir(folder), "the memmap files should be in the buffer's own folder"
-    finally:
-        rb.close()
 
 
 def test_memory_is_a_torchrl_buffer_whose_len_matches(make_buffer: Factory) -> None:

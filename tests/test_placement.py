@@ -1,0 +1,204 @@
+"""Default placement of CPU storage: /dev/shm when the buffer fits (pages reserved), the temp dir otherwise."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+import tempfile
+
+import pytest
+import torch
+from conftest import fill, steps_of
+
+from objectrl_buffer import ReplayBuffer, placement, prefault
+
+
+@pytest.fixture
+def fake_shm(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """A stand-in for /dev/shm whose room the test sets through ``placement.ram_room``."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(placement, "SHM_DIR", str(shm))
+    return shm
+
+
+def set_room(monkeypatch: pytest.MonkeyPatch, nbytes: int) -> None:
+    monkeypatch.setattr(placement, "ram_room", lambda folder=placement.SHM_DIR: nbytes)
+
+
+def row(step: int) -> dict:
+    """A 1008-byte row (``state`` float32[250], ``step`` int64) identified by ``step``."""
+    return {"state": torch.full((250,), float(step)), "step": step}
+
+
+def test_default_buffer_that_fits_goes_to_shm_with_its_pages_reserved(
+    fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    set_room(monkeypatch, 1 << 30)
+    with ReplayBuffer("cpu", "cpu", 1000) as rb:
+        assert rb.storage_folder is None  # chosen at the first write, when the row size is known
+        rb.add(row(0))
+        folder = rb.storage_folder
+        assert folder is not None and pathlib.Path(folder).parent == fake_shm
+        files = [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".memmap")]
+        assert len(files) == 2
+        for path in files:  # every byte allocated now: a later write cannot find the file system full
+            st = os.stat(path)
+            assert st.st_size > 0 and st.st_blocks * 512 >= st.st_size
+        for i in range(1, 6):
+            rb.add(row(i))
+        assert rb.sample_all()["step"].tolist() == list(range(6))
+    assert not os.path.exists(folder)
+
+
+def test_a_64_mb_shm_sends_a_larger_buffer_to_the_temp_dir(
+    fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    set_room(monkeypatch, 64 << 20)
+    small, large = ReplayBuffer("cpu", "cpu", 1000), ReplayBuffer("cpu", "cpu", 100_000)  # 1 MB / 100 MB stored
+    try:
+        small.add(row(1))
+        large.add(row(2))
+        assert pathlib.Path(small.storage_folder).parent == fake_shm
+        assert pathlib.Path(large.storage_folder).parent == pathlib.Path(tempfile.gettempdir())
+        assert os.listdir(fake_shm) == [os.path.basename(small.storage_folder)]
+        assert steps_of(large.sample_all()) == [2] and steps_of(small.sample_all()) == [1]
+    finally:
+        small.close()
+        large.close()
+
+
+def test_a_failed_reservation_falls_back_to_the_temp_dir_before_any_row_is_lost(
+    fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    set_room(monkeypatch, 1 << 30)
+
+    def full(paths: object) -> None:
+        list(paths)  # type: ignore[call-overload]
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(placement, "reserve", full)
+    with ReplayBuffer("cpu", "cpu", 50, seed=0) as rb:
+        fill(rb, range(60))  # wraps: the first row written before the fallback must survive the move
+        assert pathlib.Path(rb.storage_folder).parent == pathlib.Path(tempfile.gettempdir())
+        assert os.listdir(fake_shm) == []  # the reserved-then-abandoned folder is gone
+        assert steps_of(rb.sample_all()) == list(range(10, 60))
+
+
+def test_the_first_row_survives_the_fallback(fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    set_room(monkeypatch, 1 << 30)
+    monkeypatch.setattr(placement, "reserve", lambda paths: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    with ReplayBuffer("cpu", "cpu", 5) as rb:
+        rb.add(row(7))
+        assert rb.sample_all()["step"].tolist() == [7]
+        assert rb.sample_all()["state"][0, 0].item() == 7.0
+
+
+def test_reset_to_a_size_that_no_longer_fits_moves_to_the_temp_dir(
+    fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    set_room(monkeypatch, 4 << 20)
+    with ReplayBuffer("cpu", "cpu", 100) as rb:
+        rb.add(row(0))
+        first = rb.storage_folder
+        assert pathlib.Path(first).parent == fake_shm
+        rb.reset(10_000)  # 10 MB > a quarter of 4 MB
+        rb.add(row(1))
+        assert pathlib.Path(rb.storage_folder).parent == pathlib.Path(tempfile.gettempdir())
+        assert not os.path.exists(first)
+        assert steps_of(rb.sample_all()) == [1]
+        rb.reset(100)
+        rb.add(row(2))
+        assert pathlib.Path(rb.storage_folder).parent == fake_shm
+    assert os.listdir(fake_shm) == []
+
+
+def test_an_explicit_storage_dir_is_used_as_given(
+    fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
+    set_room(monkeypatch, 1 << 30)
+    with ReplayBuffer("cpu", "cpu", 10, storage_dir=tmp_path / "mine") as rb:
+        assert pathlib.Path(rb.storage_folder).parent == tmp_path / "mine"  # made at construction
+        rb.add(row(0))
+        assert pathlib.Path(rb.storage_folder).parent == tmp_path / "mine"
+    assert os.listdir(fake_shm) == []
+
+
+def test_room_is_the_smaller_of_free_space_and_available_memory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
+    st = os.statvfs(tmp_path)
+    free = st.f_bavail * st.f_frsize
+    monkeypatch.setattr(placement, "_mem_available", lambda: 1234)
+    assert placement.ram_room(str(tmp_path)) == 1234
+    monkeypatch.setattr(placement, "_mem_available", lambda: None)
+    assert placement.ram_room(str(tmp_path)) == free
+    assert placement.ram_room(str(tmp_path / "missing")) == 0
+
+
+def test_without_shm_everything_goes_to_the_temp_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    monkeypatch.setattr(placement, "SHM_DIR", str(tmp_path / "no-such-folder"))
+    assert placement.default_parent(1) == tempfile.gettempdir()
+    assert placement.default_parent(0) == tempfile.gettempdir()
+
+
+def test_reserve_allocates_whole_files(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "f"
+    with open(path, "wb") as f:
+        f.truncate(1 << 20)  # sparse
+    assert os.stat(path).st_blocks * 512 < 1 << 20
+    placement.reserve([str(path)])
+    assert os.stat(path).st_blocks * 512 >= 1 << 20 and os.stat(path).st_size == 1 << 20
+    with pytest.raises(FileNotFoundError):
+        placement.reserve([str(tmp_path / "missing")])
+
+
+def mapped_kib(path: str) -> int:
+    """Resident KiB of this process's mappings of ``path`` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+                inside = line.rstrip().endswith(path)
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/smaps") or not prefault.populate_write(torch.empty(1 << 16, dtype=torch.uint8)),
+    reason="needs Linux >= 5.14 (MADV_POPULATE_WRITE, /proc/self/smaps)",
+)
+def test_reserved_storage_is_mapped_up_front_and_wide_rows_skip_pwrite(
+    fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
+    set_room(monkeypatch, 1 << 30)
+    frame = {"frame": torch.zeros(4, 84, 84, dtype=torch.uint8), "step": 0}  # a 28 KB row: "wide"
+    with ReplayBuffer("cpu", "cpu", 256) as ram, ReplayBuffer("cpu", "cpu", 256, storage_dir=tmp_path / "d") as disk:
+        ram.add(frame)
+        disk.add(frame)
+        path = os.path.join(ram.storage_folder, "frame.memmap")
+        assert mapped_kib(path) * 1024 >= 256 * 4 * 84 * 84 - 4096  # every page mapped: no faults later
+        assert ram._storage.fast is not None and not ram._storage.fast.fds
+        assert disk._storage.fast is not None and disk._storage.fast.fds  # disk-backed: wide rows via pwrite
+        for rb in (ram, disk):
+            rb.add({"frame": torch.full((4, 84, 84), 9, dtype=torch.uint8), "step": 1})
+            assert rb.sample_by_index([1])["frame"].unique().tolist() == [9]
+
+
+def test_a_checkpoint_loads_into_reserved_storage(
+    fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
+    set_room(monkeypatch, 1 << 30)
+    with ReplayBuffer("cpu", "cpu", 40, seed=3, storage_dir=tmp_path / "d") as rb:
+        fill(rb, range(50))
+        (tmp_path / "ck").mkdir()
+        rb.save(tmp_path / "ck" / "buf", data=True)
+        expected = rb.sample_all()
+    with ReplayBuffer.from_checkpoint(tmp_path / "ck" / "buf") as loaded:
+        assert pathlib.Path(loaded.storage_folder).parent == fake_shm
+        assert steps_of(loaded.sample_all()) == steps_of(expected) == list(range(10, 50))
+        assert torch.equal(loaded.sample_all()["state"], expected["state"])
+        fill(loaded, range(50, 55))
+        assert steps_of(loaded.sample_all()) == list(range(15, 55))
