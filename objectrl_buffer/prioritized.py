@@ -278,6 +278,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         super().reset(buffer_size)
         self._clear_priorities()
 
+    def close(self) -> None:
+        """As :meth:`ReplayBuffer.close`; the priorities and their index are freed too."""
+        super().close()
+        self._priority = torch.zeros(0, dtype=torch.float64, device=self.storing_device)
+        self._index = make_priority_index(self._backend, 1, self.storing_device, self._alpha, self._eps)
+
     def load(self, path: str | os.PathLike[str], *, verify: bool = True, progress: bool | None = None) -> None:
         """As :meth:`ReplayBuffer.load`, priorities included: a full checkpoint of a prioritized buffer
         restores every row's priority and :attr:`max_priority` (this buffer keeps its ``alpha``, ``beta``

@@ -397,3 +397,17 @@ def test_cuda_storage(tmp_path: Any) -> None:
     assert batch["weight"].device.type == "cuda"
     counts = torch.bincount(batch["index"].cpu(), minlength=40)
     assert chi_square(counts, expected_probabilities(priority, 0.6, 1e-6)) < chi_square_limit(39)
+
+
+def test_close_frees_the_priorities_and_their_tree(tmp_path: Any) -> None:
+    import gc
+    import weakref
+
+    rb = make(tmp_path, capacity=1000, rows=10)
+    priority, index = weakref.ref(rb._priority), weakref.ref(rb._index)
+    rb.close()
+    gc.collect()
+    assert priority() is None and index() is None  # freed with the buffer's rows, not when rb is
+    assert len(rb) == 0
+    with pytest.raises(EmptyBufferError):
+        rb.sample_batch(2)
