@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 
 from objectrl_buffer.checkpoint import Checkpoint, Restored
 from objectrl_buffer.checkpoint_data import BufferState
@@ -41,7 +41,6 @@ from objectrl_buffer.nstep import check_n_step
 from objectrl_buffer.prioritized_checkpoint import priority_extras, saved_priorities, saved_settings
 from objectrl_buffer.priority_index import Backend, PriorityIndex, check_backend, make_priority_index
 from objectrl_buffer.replay_buffer import ReplayBuffer, Slots, Transition, _positive_int
-from objectrl_buffer.schema import leaves
 
 __all__ = ["PrioritizedReplayBuffer", "WEIGHT_KEY"]
 
@@ -260,17 +259,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def add_batch(self, batch: Transition) -> None:
         """As :meth:`ReplayBuffer.add_batch`; every row written gets :attr:`max_priority`."""
-        start = self.pointer
-        super().add_batch(batch)
-        if isinstance(batch, TensorDictBase):
-            n = batch.batch_size[0]
-        else:
-            first = next(leaves(batch), None)
-            n = 0 if first is None else len(first[1])
-        kept = min(n, self.buffer_size)
+        start, kept = self._add_batch(batch)
         if kept:
-            first_slot = (start + n - kept) % self.buffer_size
-            slots = torch.arange(first_slot, first_slot + kept, device=self.storing_device) % self.buffer_size
+            slots = torch.arange(start, start + kept, device=self.storing_device) % self.buffer_size
             self._give_new_rows_max_priority(slots)
 
     def reset(self, buffer_size: int | None = None) -> None:

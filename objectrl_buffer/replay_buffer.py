@@ -74,9 +74,10 @@ class ReplayBuffer:
             Setting it here lets unmodified ObjectRL trainers get shuffled epochs.
         storage_dir: parent folder for the CPU memmap files (e.g. a disk folder, to keep a large buffer
             out of RAM). ``None`` chooses at the first write (:mod:`~objectrl_buffer.placement`):
-            ``/dev/shm`` when the whole buffer takes at most a quarter of its free space and of the
-            available memory (all its pages are then reserved at once, so it never hits a full
-            ``/dev/shm`` later), else the system temp folder (disk-backed). A 64 MB ``/dev/shm`` works.
+            ``/dev/shm`` when the whole buffer takes at most a quarter of its free space, of the
+            available memory and of the container's memory limit (all its pages are then reserved at
+            once, so it never hits a full ``/dev/shm`` later), else the system temp folder
+            (disk-backed). A 64 MB ``/dev/shm`` works.
         transition_keys: names of the reward/next_state/terminated/truncated keys that n-step
             sampling and episode boundaries read (default: ObjectRL's names).
 
@@ -257,13 +258,16 @@ class ReplayBuffer:
                 on ``N`` (nothing is stored).
             InvalidArgumentError: a TensorDict whose batch size is not 1-D, or a non-mapping.
         """
+        self._add_batch(batch)
+
+    def _add_batch(self, batch: Transition) -> tuple[int, int]:
+        """:meth:`add_batch`; returns ``(start, kept)``: the rows kept went to slots ``start, start+1, ...``
+        (mod ``buffer_size``), ``kept`` of them (0 for an empty batch)."""
         fast = self._storage.fast
         if fast is not None:
             n = fast.write_batch(batch, self.pointer, self.buffer_size)
             if n >= 0:
-                self.pointer = (self.pointer + n) % self.buffer_size
-                self.data_size = min(self.data_size + n, self.buffer_size)
-                return
+                return self._advance(n)
         if isinstance(batch, TensorDictBase):
             if batch.batch_dims != 1:
                 raise InvalidArgumentError(
@@ -276,19 +280,25 @@ class ReplayBuffer:
             schema, values = Schema.infer(batch, batch_dims=1)
             n = next(iter(values.values())).shape[0]
             if n == 0:
-                return
+                return self.pointer, 0
             storage.initialize(schema, {k: v[0] for k, v in values.items()})
             pairs: list[tuple[Any, Any]] = [(schema.by_key[k], v) for k, v in values.items()]
         else:
             pairs, n = storage.schema.check(batch, batch_dims=1)
             if n == 0:
-                return
+                return self.pointer, 0
+        kept = min(n, self.buffer_size)
+        storage.write_rows((self.pointer + n - kept) % self.buffer_size, pairs, first=n - kept, n=kept)
+        return self._advance(n)
+
+    def _advance(self, n: int) -> tuple[int, int]:
+        """Move the ring past ``n`` rows just written; return ``(start, kept)`` as :meth:`_add_batch`."""
         capacity = self.buffer_size
         kept = min(n, capacity)
         start = (self.pointer + n - kept) % capacity
-        storage.write_rows(start, pairs, first=n - kept, n=kept)
         self.pointer = (self.pointer + n) % capacity
         self.data_size = min(self.data_size + n, capacity)
+        return start, kept
 
     # ------------------------------------------------------------------ reads
     def _require_rows(self) -> None:

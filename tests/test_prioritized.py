@@ -411,3 +411,19 @@ def test_close_frees_the_priorities_and_their_tree(tmp_path: Any) -> None:
     assert len(rb) == 0
     with pytest.raises(EmptyBufferError):
         rb.sample_batch(2)
+
+
+def test_add_batch_gives_max_priority_to_exactly_the_rows_written_whatever_the_input_form(tmp_path: Any) -> None:
+    from tensordict import TensorDict
+
+    rb = make(tmp_path, capacity=5, rows=0)
+    rb.add_batch({"step": torch.arange(3), "reward": torch.ones(3)})  # slots 0-2
+    rb.update_priority([0, 1, 2], [0.5, 0.25, 4.0])
+    rb.add_batch({"step": np.arange(0), "reward": np.ones(0, dtype=np.float32)})  # nothing written
+    assert rb.priorities().tolist() == [0.5, 0.25, 4.0] and rb.pointer == 3
+    rb.add_batch(TensorDict({"step": torch.arange(3), "reward": torch.ones(3)}, [3]))  # slots 3, 4, 0
+    assert rb.priority_state()["priority"].tolist() == [4.0, 0.25, 4.0, 4.0, 4.0]
+    with pytest.raises(ValueError):
+        rb.add_batch({"step": torch.arange(2), "reward": torch.ones(3)})  # rows disagree: nothing written
+    assert rb.priority_state()["priority"].tolist() == [4.0, 0.25, 4.0, 4.0, 4.0] and rb.pointer == 1
+    assert_draws_follow_priorities(rb)
