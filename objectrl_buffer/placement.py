@@ -1,7 +1,8 @@
 """Where a CPU buffer's memory-mapped files go when the user names no ``storage_dir``.
 
 RAM-backed shared memory (``/dev/shm``, torchrl's own default) when the whole buffer fits with room to
-spare, the disk-backed system temp folder otherwise.
+spare (in ``/dev/shm``, in the available memory, and in the memory cgroup's limit: tmpfs pages are
+charged to a container like any other memory), the disk-backed system temp folder otherwise.
 
 Why not always one of them:
 
@@ -23,7 +24,7 @@ import tempfile
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["SHM_DIR", "SHM_SHARE", "default_parent", "ram_room", "reserve"]
+__all__ = ["CGROUP_ROOT", "SHM_DIR", "SHM_SHARE", "default_parent", "ram_room", "reserve"]
 
 #: The RAM-backed folder tried first.
 SHM_DIR = "/dev/shm"
@@ -43,18 +44,67 @@ def _mem_available() -> int | None:
     return None
 
 
+#: Where the memory cgroups are mounted, and this process's cgroup paths (tests point them elsewhere).
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_CGROUP = "/proc/self/cgroup"
+_UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a number near 2**63
+
+
+def _cgroup_room(folder: str, limit_file: str, usage_file: str) -> int | None:
+    try:
+        with open(os.path.join(folder, limit_file), encoding="ascii") as f:
+            limit = f.read().strip()
+        if limit == "max" or int(limit) >= _UNLIMITED:
+            return None
+        with open(os.path.join(folder, usage_file), encoding="ascii") as f:
+            return max(int(limit) - int(f.read().strip()), 0)
+    except (OSError, ValueError):
+        return None
+
+
+def _cgroup_headroom() -> int | None:
+    """Bytes this process's memory cgroup can still be charged (tmpfs pages count against it), the
+    tightest limit of the cgroup and its parents, v2 or v1; ``None`` when unlimited or unknown."""
+    try:
+        with open(PROC_CGROUP, encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    rooms = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            base, limit_file, usage_file = CGROUP_ROOT, "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            base, limit_file, usage_file = (
+                os.path.join(CGROUP_ROOT, "memory"),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        else:
+            continue
+        folder = os.path.normpath(base + "/" + path.strip("/"))
+        while True:
+            rooms.append(_cgroup_room(folder, limit_file, usage_file))
+            if len(folder) <= len(base):
+                break
+            folder = os.path.dirname(folder)
+    known = [room for room in rooms if room is not None]
+    return min(known) if known else None
+
+
 def ram_room(folder: str = SHM_DIR) -> int:
     """Bytes a new file in the RAM-backed ``folder`` could take: its free space, and no more than the
-    memory the system has available (a tmpfs may be sized above the RAM). 0 if ``folder`` is unusable."""
+    memory the system has available (a tmpfs may be sized above the RAM) nor what this process's
+    memory cgroup (a container's limit) can still be charged. 0 if ``folder`` is unusable."""
     try:
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
             return 0
         st = os.statvfs(folder)
     except OSError:
         return 0
-    room = st.f_bavail * st.f_frsize
-    available = _mem_available()
-    return room if available is None else min(room, available)
+    limits = [st.f_bavail * st.f_frsize, _mem_available(), _cgroup_headroom()]
+    return min(limit for limit in limits if limit is not None)
 
 
 def default_parent(nbytes: int) -> str:

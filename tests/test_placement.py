@@ -202,3 +202,64 @@ def test_a_checkpoint_loads_into_reserved_storage(
         assert torch.equal(loaded.sample_all()["state"], expected["state"])
         fill(loaded, range(50, 55))
         assert steps_of(loaded.sample_all()) == list(range(15, 55))
+
+
+def fake_cgroups(root: pathlib.Path, proc: str, files: dict[str, str]) -> None:
+    """A /proc/self/cgroup text and the memory files of a cgroup tree under ``root``."""
+    (root / "proc").write_text(proc)
+    for name, text in files.items():
+        path = root / "cg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+@pytest.mark.parametrize(
+    ("proc", "files", "headroom"),
+    [
+        # cgroup v2: a container limited to 4 GiB with 1 GiB used; its parent is unlimited
+        (
+            "0::/box\n",
+            {"box/memory.max": str(4 << 30), "box/memory.current": str(1 << 30), "memory.max": "max"},
+            3 << 30,
+        ),
+        # v2, the parent's limit is the tighter one
+        (
+            "0::/a/b\n",
+            {"a/b/memory.max": "max", "a/b/memory.current": "5", "a/memory.max": "1000", "a/memory.current": "400"},
+            600,
+        ),
+        # cgroup v1 memory controller (as on this project's VMs), with "no limit" written as a huge number
+        (
+            "4:memory:/job\n0::/\n",
+            {"memory/job/memory.limit_in_bytes": str(2 << 30), "memory/job/memory.usage_in_bytes": str(1 << 29)},
+            (2 << 30) - (1 << 29),
+        ),
+        ("4:memory:/job\n", {"memory/job/memory.limit_in_bytes": "9223372036854771712"}, None),
+        ("0::/\n", {}, None),  # no memory files: unknown
+    ],
+)
+def test_a_container_memory_limit_bounds_the_room(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path, proc: str, files: dict[str, str], headroom: int | None
+) -> None:
+    fake_cgroups(tmp_path, proc, files)
+    monkeypatch.setattr(placement, "PROC_CGROUP", str(tmp_path / "proc"))
+    monkeypatch.setattr(placement, "CGROUP_ROOT", str(tmp_path / "cg"))
+    assert placement._cgroup_headroom() == headroom
+    monkeypatch.setattr(placement, "_mem_available", lambda: None)
+    st = os.statvfs(tmp_path)
+    free = st.f_bavail * st.f_frsize
+    assert placement.ram_room(str(tmp_path)) == (free if headroom is None else min(free, headroom))
+
+
+def test_a_buffer_over_a_quarter_of_the_container_limit_goes_to_disk(
+    fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
+    fake_cgroups(tmp_path, "0::/box\n", {"box/memory.max": str(16 << 20), "box/memory.current": "0"})
+    monkeypatch.setattr(placement, "PROC_CGROUP", str(tmp_path / "proc"))
+    monkeypatch.setattr(placement, "CGROUP_ROOT", str(tmp_path / "cg"))
+    with ReplayBuffer("cpu", "cpu", 10_000) as rb:  # 10 MB: more than a quarter of 16 MB
+        rb.add(row(0))
+        assert pathlib.Path(rb.storage_folder).parent == pathlib.Path(tempfile.gettempdir())
+    with ReplayBuffer("cpu", "cpu", 1000) as rb:  # 1 MB fits
+        rb.add(row(0))
+        assert pathlib.Path(rb.storage_folder).parent == fake_shm
