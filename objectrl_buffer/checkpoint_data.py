@@ -46,14 +46,16 @@ from objectrl_buffer.checkpoint_manifest import (
     parse_manifest,
 )
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
-from objectrl_buffer.prefault import populate_write
+from objectrl_buffer.prefault import PrefaultAhead
 from objectrl_buffer.schema import Key, Schema, format_key
 
 __all__ = ["CHUNK_BYTES", "BufferState", "write_data_folder", "read_manifest", "read_data", "verify_data"]
 
 CHUNK_BYTES = 64 << 20
-#: Step of loads into CPU storage: a worker maps one such chunk while the previous one is read.
+#: Step of loads into CPU storage: two workers map the next :data:`PREFAULT_AHEAD` such chunks while
+#: the reader copies into the ones already mapped.
 PREFAULT_BYTES = 4 << 20
+PREFAULT_AHEAD = 8
 
 
 @dataclass(frozen=True)
@@ -238,32 +240,32 @@ def _chunks(nbytes: int, step: int) -> list[tuple[int, int]]:
 def _copy_files(folder: str, files: list[_File], verify: bool, bar: Progress) -> None:
     """Stream every file in chunks into its target when it has one; check crc32s if ``verify``.
 
-    CPU targets are read straight into, in :data:`PREFAULT_BYTES` chunks that a worker thread maps
-    ahead of the reader (:func:`~objectrl_buffer.prefault.populate_write`), and their checksums run on
-    another worker while the next chunks and files are read; the crc32s are compared once everything is
-    read. Other targets go through two alternating host chunks, so the checksum of one chunk runs while
-    the next is read.
+    CPU targets are read straight into, in :data:`PREFAULT_BYTES` chunks that two worker threads map
+    a few chunks ahead of the reader (:class:`~objectrl_buffer.prefault.PrefaultAhead`), and their
+    checksums run on another worker while the next chunks and files are read; the crc32s are compared
+    once everything is read. Other targets go through two alternating host chunks, so the checksum of
+    one chunk runs while the next is read.
     """
     scratch: list[torch.Tensor] = []
     pending: list[Future[None] | None] = [None, None]
     sums: list[tuple[str, _File, Crc32]] = []
+    plans = []
+    pieces: list[torch.Tensor] = []  # the CPU chunks, in reading order, for the pre-faulting workers
+    for file in files:
+        flat = file.target
+        direct = flat is not None and flat.device.type == "cpu"
+        chunks = _chunks(file.nbytes, PREFAULT_BYTES if direct else CHUNK_BYTES)
+        if direct and flat is not None:
+            pieces += [flat[a : a + n] for a, n in chunks]
+        plans.append((file, chunks, direct))
+    piece = 0
     with (
         ThreadPoolExecutor(1, thread_name_prefix="objectrl_buffer-crc") as crc_pool,
-        ThreadPoolExecutor(2, thread_name_prefix="objectrl_buffer-prefault") as fault_pool,
+        PrefaultAhead(pieces, workers=2, ahead=PREFAULT_AHEAD) as prefault,
     ):
-        plans = []
-        for file in files:
-            flat = file.target
-            if flat is not None and flat.device.type == "cpu":
-                chunks = _chunks(file.nbytes, PREFAULT_BYTES)
-                faults = [fault_pool.submit(populate_write, flat[a : a + n]) for a, n in chunks]
-            else:
-                chunks, faults = _chunks(file.nbytes, CHUNK_BYTES), []
-            plans.append((file, chunks, faults))
-        for file, chunks, faults in plans:
+        for file, chunks, direct in plans:
             path = os.path.join(folder, file.name)
             flat = file.target
-            direct = bool(faults)
             if not direct and not scratch and file.nbytes:
                 size = min(CHUNK_BYTES, max(f.nbytes for f in files))
                 scratch = [torch.empty(size, dtype=torch.uint8) for _ in range(2)]
@@ -272,7 +274,8 @@ def _copy_files(folder: str, files: list[_File], verify: bool, bar: Progress) ->
                 with open(path, "rb", buffering=0) as f:
                     for i, (start, n) in enumerate(chunks):
                         if direct and flat is not None:
-                            faults[i].result()
+                            prefault.wait(piece)
+                            piece += 1
                             chunk = flat[start : start + n]
                         else:
                             previous = pending[i % 2]

@@ -14,6 +14,7 @@ __all__ = [
     "EmptyBufferError",
     "SlotIndexError",
     "StaleIteratorError",
+    "ClosedBufferError",
     "CheckpointError",
     "CheckpointNotFoundError",
 ]
@@ -45,6 +46,10 @@ class SlotIndexError(ReplayBufferError, IndexError):
 
 class StaleIteratorError(ReplayBufferError, RuntimeError):
     """An epoch iterator was advanced after the buffer it reads was reset."""
+
+
+class ClosedBufferError(ReplayBufferError, RuntimeError):
+    """A write reached a buffer after its ``close()``: its storage is gone for good."""
 
 
 class CheckpointError(ReplayBufferError, RuntimeError):

@@ -2,7 +2,7 @@
 
 RAM-backed shared memory (``/dev/shm``, torchrl's own default) when the whole buffer fits with room to
 spare (in ``/dev/shm``, in the available memory, and in the memory cgroup's limit: tmpfs pages are
-charged to a container like any other memory), the disk-backed system temp folder otherwise.
+charged to a container like any other memory), the system temp folder (usually on disk) otherwise.
 
 Why not always one of them:
 
@@ -15,6 +15,8 @@ Why not always one of them:
 So the default checks the room first (:func:`default_parent`), and the storage then reserves its
 files' pages with ``posix_fallocate`` (:func:`reserve`): once that succeeds no later write can hit a
 full ``/dev/shm``, and if it fails the storage moves to the temp folder before any row is written.
+Where the temp folder is a tmpfs too (some distributions mount ``/tmp`` so), it is reserved the same
+way; if that fails as well the buffer stays there unreserved, with a warning that names ``storage_dir``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import tempfile
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["CGROUP_ROOT", "SHM_DIR", "SHM_SHARE", "default_parent", "ram_room", "reserve"]
+__all__ = ["CGROUP_ROOT", "SHM_DIR", "SHM_SHARE", "default_parent", "is_tmpfs", "ram_room", "reserve"]
 
 #: The RAM-backed folder tried first.
 SHM_DIR = "/dev/shm"
@@ -63,16 +65,20 @@ def _cgroup_room(folder: str, limit_file: str, usage_file: str) -> int | None:
 
 
 def _cgroup_headroom() -> int | None:
-    """Bytes this process's memory cgroup can still be charged (tmpfs pages count against it), the
-    tightest limit of the cgroup and its parents, v2 or v1; ``None`` when unlimited or unknown."""
+    """Bytes this process's memory cgroup can still be charged (tmpfs pages count against it): the
+    limit minus the usage (page cache included, so this errs low), the tightest of the cgroup and its
+    parents, v2 or v1; ``None`` when unlimited or unknown."""
     try:
-        with open(PROC_CGROUP, encoding="ascii") as f:
+        with open(PROC_CGROUP, encoding="ascii", errors="surrogateescape") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
     rooms = []
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
         if controllers == "":
             base, limit_file, usage_file = CGROUP_ROOT, "memory.max", "memory.current"
         elif "memory" in controllers.split(","):
@@ -107,10 +113,29 @@ def ram_room(folder: str = SHM_DIR) -> int:
     return min(limit for limit in limits if limit is not None)
 
 
+def is_tmpfs(folder: str) -> bool:
+    """Whether ``folder`` lies on a RAM-backed file system (tmpfs), from ``/proc/self/mounts``."""
+    try:
+        with open("/proc/self/mounts", encoding="ascii", errors="surrogateescape") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return False
+    path = os.path.realpath(folder)
+    best, fstype = -1, ""
+    for fields in mounts:
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best:
+            best, fstype = len(point), fields[2]
+    return fstype == "tmpfs"
+
+
 def default_parent(nbytes: int) -> str:
     """The folder for a buffer of ``nbytes`` stored bytes: :data:`SHM_DIR` if they fit in
     :data:`SHM_SHARE` of its :func:`ram_room` (a quarter: the rest of the program and other processes
-    need RAM too), else :func:`tempfile.gettempdir`."""
+    need RAM too), else :func:`tempfile.gettempdir` (usually on disk; see :func:`is_tmpfs`)."""
     room = ram_room(SHM_DIR)
     if room and nbytes <= SHM_SHARE * room:
         return SHM_DIR

@@ -14,11 +14,11 @@ import ctypes
 import ctypes.util
 import mmap
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-__all__ = ["populate_all", "populate_write"]
+__all__ = ["PrefaultAhead", "populate_all", "populate_write"]
 
 _MADV_POPULATE_WRITE = 23  # <linux/mman.h>; not exported by Python's mmap module before 3.13
 _PAGE = mmap.PAGESIZE
@@ -80,3 +80,41 @@ def populate_all(tensors: list[torch.Tensor], chunk_bytes: int = 64 << 20, worke
         return
     with ThreadPoolExecutor(workers, thread_name_prefix="objectrl_buffer-prefault") as pool:
         list(pool.map(populate_write, pieces))
+
+
+class PrefaultAhead:
+    """Pre-faults ``pieces`` (contiguous CPU tensors, in the order a writer will fill them) on ``workers``
+    threads, keeping at most ``ahead`` pieces in front of the writer, so the mapping work runs beside
+    the copy without racing far ahead of it (or all the way through a target that a failed copy
+    abandons). Call :meth:`wait` before writing piece ``i``; :meth:`close` (or leaving the ``with``
+    block) drops the pieces not started yet and waits for the running ones.
+    """
+
+    def __init__(self, pieces: list[torch.Tensor], workers: int = 2, ahead: int = 8) -> None:
+        self._pieces = pieces
+        self._ahead = ahead
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="objectrl_buffer-prefault")
+        self._futures: dict[int, Future[bool]] = {}
+        self._submitted = 0
+
+    def wait(self, i: int) -> None:
+        """Return once piece ``i`` is pre-faulted (or was tried), queueing the next ones."""
+        stop = min(len(self._pieces), i + 1 + self._ahead)
+        while self._submitted < stop:
+            self._futures[self._submitted] = self._pool.submit(populate_write, self._pieces[self._submitted])
+            self._submitted += 1
+        future = self._futures.pop(i, None)
+        if future is not None:
+            future.result()
+
+    def close(self) -> None:
+        for future in self._futures.values():
+            future.cancel()
+        self._futures.clear()
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> PrefaultAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -77,7 +77,7 @@ class ReplayBuffer:
             ``/dev/shm`` when the whole buffer takes at most a quarter of its free space, of the
             available memory and of the container's memory limit (all its pages are then reserved at
             once, so it never hits a full ``/dev/shm`` later), else the system temp folder
-            (disk-backed). A 64 MB ``/dev/shm`` works.
+            (usually disk; reserved too where it is a tmpfs). A 64 MB ``/dev/shm`` works.
         transition_keys: names of the reward/next_state/terminated/truncated keys that n-step
             sampling and episode boundaries read (default: ObjectRL's names).
 
@@ -191,7 +191,8 @@ class ReplayBuffer:
     def close(self) -> None:
         """Free the storage, its files and the pinned staging memory; the buffer cannot be used afterwards.
 
-        Epoch iterators created before raise :class:`StaleIteratorError`.
+        Epoch iterators created before raise :class:`StaleIteratorError`, later writes
+        :class:`ClosedBufferError`, and sampling :class:`EmptyBufferError`.
         """
         self._storage.close()
         self.data_size = self.pointer = 0

@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import tempfile
+import warnings
 import weakref
 from typing import Any
 
@@ -37,6 +38,7 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.storages import TensorStorage
 
 from objectrl_buffer import placement
+from objectrl_buffer.errors import ClosedBufferError
 from objectrl_buffer.fastpath import FastWriter, numpy_views
 from objectrl_buffer.prefault import populate_all
 from objectrl_buffer.schema import Key, Schema
@@ -75,8 +77,9 @@ class TransitionStorage:
     Args:
         capacity: number of rows (slots), > 0.
         device: the storing device. CPU gives memory-mapped files, anything else device tensors.
-        directory: parent folder for the CPU memmap files (``None``: the system temp folder).
-            A private sub-folder is created in it and removed by :meth:`close` (or at exit).
+        directory: parent folder for the CPU memmap files, where a private sub-folder is created at
+            once. ``None``: :mod:`~objectrl_buffer.placement` chooses the parent at the first
+            :meth:`initialize`. The sub-folder is removed by :meth:`close` (or at exit).
     """
 
     def __init__(self, capacity: int, device: torch.device, directory: str | os.PathLike[str] | None = None) -> None:
@@ -89,6 +92,7 @@ class TransitionStorage:
         self.folder: str | None = None
         self._parent = os.fspath(directory) if directory is not None else None  # None: placement decides
         self._folders: list[str] = []  # every private folder made, removed by close() or at exit
+        self.closed = False
         self.torchrl: TensorStorage
         if device.type == "cpu":
             self.torchrl = LazyMemmapStorage(capacity, existsok=True, auto_cleanup=False)
@@ -114,13 +118,28 @@ class TransitionStorage:
         if self.folder is not None and os.path.dirname(self.folder) == parent:
             return
         self._remove_folder()
-        self._make_folder(parent)
+        try:
+            self._make_folder(parent)
+        except OSError:  # e.g. a read-only /dev/shm, or one out of inodes
+            if parent == tempfile.gettempdir():
+                raise
+            self._make_folder(tempfile.gettempdir())
 
     def _remove_folder(self) -> None:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
-            self._folders.remove(self.folder)
+            if self.folder in self._folders:
+                self._folders.remove(self.folder)
             self.folder = None
+
+    def _reserve(self, stored: TensorDictBase, schema: Schema) -> bool:
+        """Reserve every byte of the column files (tensordict makes none for an empty column)."""
+        names = [getattr(stored.get(f.key), "filename", None) for f in schema.fields]
+        try:
+            placement.reserve(name for name in names if name and os.path.exists(name))
+        except OSError:
+            return False
+        return True
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -131,26 +150,41 @@ class TransitionStorage:
     def initialize(self, schema: Schema, first_row: dict[Key, torch.Tensor], *, populate: bool = True) -> None:
         """Allocate ``capacity`` rows of ``schema`` through torchrl, from one example row.
 
-        Placed in ``/dev/shm`` by default (see :mod:`~objectrl_buffer.placement`), the files are
-        reserved in full, and with ``populate`` also mapped into this process at once, so that no later
-        write or read of a row takes a page fault (a loader that fills the pages itself passes ``False``).
-        Raises ``OSError`` when the memmap files cannot be created.
+        Placed in RAM by default (``/dev/shm``, or a temp folder that is a tmpfs; see
+        :mod:`~objectrl_buffer.placement`), the files are reserved in full, and with ``populate`` also
+        mapped into this process at once, so that no later write or read of a row takes a page fault (a
+        loader that fills the pages itself passes ``False``). Warns (``RuntimeWarning``) when RAM-backed
+        files could not be reserved anywhere.
+
+        Raises:
+            ClosedBufferError: after :meth:`close`.
+            OSError: the memmap files cannot be created.
         """
+        if self.closed:
+            raise ClosedBufferError("this buffer was closed: its storage is freed and cannot take rows again")
         example = make_tensordict(first_row, torch.Size([]), None).to(self.device)
         if self.device.type == "cpu":
             self._place(schema.row_bytes * self.capacity)
         stored = self._allocate(example)
         reserved = False
-        if self._parent is None and self.folder is not None and os.path.dirname(self.folder) == placement.SHM_DIR:
-            try:
-                placement.reserve(getattr(stored.get(f.key), "filename", "") for f in schema.fields)
-                reserved = True
-            except OSError:  # /dev/shm filled up since the check: go to disk before any row is written
+        if self._parent is None and self.folder is not None and self._in_ram():
+            reserved = self._reserve(stored, schema)
+            if not reserved and os.path.dirname(self.folder) != tempfile.gettempdir():
+                # /dev/shm filled up since the check: to the temp folder, before any row is written
                 del stored
                 self.release()
                 self._remove_folder()
                 self._make_folder(tempfile.gettempdir())
                 stored = self._allocate(example)
+                reserved = self._in_ram() and self._reserve(stored, schema)
+            if not reserved and self._in_ram():
+                warnings.warn(
+                    f"the replay buffer's {schema.row_bytes * self.capacity / 2**30:.2f} GiB could not be "
+                    f"reserved in '{self.folder}', a RAM-backed folder: writes may kill the process (SIGBUS) "
+                    "if it fills up. Pass storage_dir= a folder on disk.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         # Plain-tensor views: indexing the MemoryMappedTensor subclass costs an extra dispatch per call.
         self.columns = {f.key: stored.get(f.key).as_subclass(torch.Tensor) for f in schema.fields}
         if self.device.type == "cpu":
@@ -162,6 +196,11 @@ class TransitionStorage:
             files = {} if reserved else {f.key: getattr(stored.get(f.key), "filename", None) for f in schema.fields}
             self.fast = FastWriter.build(schema, self.columns, {k: v for k, v in files.items() if v})
         self.schema = schema
+
+    def _in_ram(self) -> bool:
+        """Whether the private folder is RAM-backed (in ``/dev/shm`` or on any tmpfs)."""
+        folder = self.folder
+        return folder is not None and (os.path.dirname(folder) == placement.SHM_DIR or placement.is_tmpfs(folder))
 
     def _allocate(self, example: TensorDict) -> TensorDictBase:
         """Let torchrl allocate its storage from ``example`` (written to slot 0); return that storage."""
@@ -216,6 +255,7 @@ class TransitionStorage:
     def close(self) -> None:
         """Release the rows and remove the private folder. The storage is unusable afterwards."""
         self.release()
+        self.closed = True
         if self.device.type == "cpu":
             self._finalizer()
 

@@ -12,6 +12,7 @@ import torch
 from conftest import fill, steps_of
 
 from objectrl_buffer import ReplayBuffer, placement, prefault
+from objectrl_buffer.errors import ClosedBufferError
 
 
 @pytest.fixture
@@ -263,3 +264,78 @@ def test_a_buffer_over_a_quarter_of_the_container_limit_goes_to_disk(
     with ReplayBuffer("cpu", "cpu", 1000) as rb:  # 1 MB fits
         rb.add(row(0))
         assert pathlib.Path(rb.storage_folder).parent == fake_shm
+
+
+def test_an_empty_column_does_not_send_the_buffer_to_disk(
+    fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    set_room(monkeypatch, 1 << 30)
+    with ReplayBuffer("cpu", "cpu", 100) as rb:  # tensordict makes no file for a zero-width column
+        rb.add({"obs": torch.ones(3), "empty": torch.zeros(0), "r": 1.0})
+        assert pathlib.Path(rb.storage_folder).parent == fake_shm
+        assert rb.sample_all()["obs"].tolist() == [[1.0, 1.0, 1.0]]
+
+
+@pytest.mark.parametrize("text", ["garbage\n", "0::\n", "4:memory\n", "0::/caf\xe9\n", ""])
+def test_odd_cgroup_files_never_break_an_add(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path, text: str
+) -> None:
+    (tmp_path / "proc").write_bytes(text.encode("latin-1"))
+    monkeypatch.setattr(placement, "PROC_CGROUP", str(tmp_path / "proc"))
+    monkeypatch.setattr(placement, "CGROUP_ROOT", str(tmp_path / "cg"))
+    assert placement._cgroup_headroom() is None
+    with ReplayBuffer("cpu", "cpu", 10) as rb:
+        rb.add(row(1))
+        assert steps_of(rb.sample_all()) == [1]
+
+
+def test_an_unusable_shm_falls_back_to_the_temp_dir(fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    set_room(monkeypatch, 1 << 30)
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp(prefix: str = "", dir: str | None = None) -> str:
+        if dir == str(fake_shm):
+            raise OSError(errno.ENOSPC, "No space left on device (inodes)")
+        return real_mkdtemp(prefix=prefix, dir=dir)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    with ReplayBuffer("cpu", "cpu", 10) as rb:
+        rb.add(row(3))
+        assert pathlib.Path(rb.storage_folder).parent == pathlib.Path(tempfile.gettempdir())
+        assert steps_of(rb.sample_all()) == [3]
+
+
+def test_a_tmpfs_temp_dir_is_reserved_too_and_warns_when_it_cannot_be(
+    fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    set_room(monkeypatch, 1 << 20)  # too small: the buffer goes to the temp folder...
+    monkeypatch.setattr(placement, "is_tmpfs", lambda folder: True)  # ...which is a tmpfs (Fedora, Arch)
+    frame = {"frame": torch.zeros(4, 84, 84, dtype=torch.uint8), "step": 0}
+    with ReplayBuffer("cpu", "cpu", 100) as rb:
+        rb.add(frame)
+        assert pathlib.Path(rb.storage_folder).parent == pathlib.Path(tempfile.gettempdir())
+        assert rb._storage.fast is not None and not rb._storage.fast.fds  # reserved RAM: no pwrite
+    monkeypatch.setattr(placement, "reserve", lambda paths: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    with ReplayBuffer("cpu", "cpu", 100) as rb, pytest.warns(RuntimeWarning, match="storage_dir"):
+        rb.add(frame)
+    with ReplayBuffer("cpu", "cpu", 100) as rb, pytest.warns(RuntimeWarning, match="SIGBUS"):
+        rb.add(frame)
+        assert rb.sample_all()["step"].tolist() == [0]
+
+
+def test_a_closed_buffer_refuses_writes_and_leaves_no_folder(
+    fake_shm: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    set_room(monkeypatch, 1 << 30)
+    rb = ReplayBuffer("cpu", "cpu", 10)
+    rb.add(row(0))
+    folder = rb.storage_folder
+    rb.close()
+    assert not os.path.exists(folder)
+    for write in (
+        lambda: rb.add(row(1)),
+        lambda: rb.add_batch({"state": torch.zeros(2, 250), "step": torch.arange(2)}),
+    ):
+        with pytest.raises(ClosedBufferError, match="closed"):
+            write()
+    assert len(rb) == 0 and os.listdir(fake_shm) == []

@@ -34,3 +34,25 @@ def test_populate_all_keeps_contents_and_handles_odd_tensors() -> None:
     prefault.populate_all(tensors, chunk_bytes=40_000, workers=2)
     prefault.populate_all(tensors[:1], workers=1)
     assert all(torch.equal(a, b) for a, b in zip(tensors, before, strict=True))
+
+
+def test_prefault_ahead_stays_a_few_pieces_ahead_and_drops_the_rest_on_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    done: list[int] = []
+    lock = threading.Lock()
+    pieces = [torch.full((16,), i, dtype=torch.uint8) for i in range(40)]
+
+    def record(piece: torch.Tensor) -> bool:
+        with lock:
+            done.append(int(piece[0]))
+        return True
+
+    monkeypatch.setattr(prefault, "populate_write", record)
+    with prefault.PrefaultAhead(pieces, workers=2, ahead=3) as ahead:
+        for i in range(5):
+            ahead.wait(i)
+            assert i in done  # piece i is mapped before the writer gets it
+            assert max(done) <= i + 3  # and the workers never run more than 3 pieces ahead
+    # the writer stopped at piece 4 (as a failed load does): nothing beyond what was queued ran
+    assert sorted(done) == list(range(max(done) + 1)) and max(done) <= 4 + 3
