@@ -16,8 +16,15 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import RandomSampler, RoundRobinWriter, TensorDictReplayBuffer
 
-from objectrl_buffer.checkpoint import Checkpoint, Restored, build_from_checkpoint, load_checkpoint, save_checkpoint
-from objectrl_buffer.checkpoint_data import BufferState
+from objectrl_buffer.checkpoint.data import BufferState
+from objectrl_buffer.checkpoint.generations import (
+    Checkpoint,
+    Restored,
+    build_from_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from objectrl_buffer.core.schema import INDEX_KEY, Key, Schema, require_mapping
 from objectrl_buffer.errors import (
     EmptyBufferError,
     InvalidArgumentError,
@@ -25,8 +32,9 @@ from objectrl_buffer.errors import (
     SlotIndexError,
     StaleIteratorError,
 )
-from objectrl_buffer.nstep import check_n_step, n_step_targets
-from objectrl_buffer.samplers import (
+from objectrl_buffer.sampling.nstep import check_n_step, n_step_targets
+from objectrl_buffer.sampling.slices import StoredRows, TransitionKeys, pad_slices, require_keys, slice_positions
+from objectrl_buffer.sampling.uniform import (
     chronological_slots,
     epoch_slots,
     num_batches,
@@ -34,10 +42,8 @@ from objectrl_buffer.samplers import (
     uniform_slots,
     window_slots,
 )
-from objectrl_buffer.schema import INDEX_KEY, Key, Schema, require_mapping
-from objectrl_buffer.storage import TransitionStorage, make_tensordict
-from objectrl_buffer.trajectories import StoredRows, TransitionKeys, pad_slices, require_keys, slice_positions
-from objectrl_buffer.transfer import StagingRing
+from objectrl_buffer.storage.staging import StagingRing
+from objectrl_buffer.storage.table import TransitionStorage, make_tensordict
 
 __all__ = ["ReplayBuffer"]
 
@@ -73,7 +79,7 @@ class ReplayBuffer:
         shuffle: default of ``shuffle`` for the epoch iterators (``False`` keeps ObjectRL's slot order).
             Setting it here lets unmodified ObjectRL trainers get shuffled epochs.
         storage_dir: parent folder for the CPU memmap files (e.g. a disk folder, to keep a large buffer
-            out of RAM). ``None`` chooses at the first write (:mod:`~objectrl_buffer.placement`):
+            out of RAM). ``None`` chooses at the first write (:mod:`~objectrl_buffer.storage.placement`):
             ``/dev/shm`` when the whole buffer takes at most a quarter of its free space, of the
             available memory and of the container's memory limit (all its pages are then reserved at
             once, so it never hits a full ``/dev/shm`` later), else the system temp folder
@@ -376,7 +382,7 @@ class ReplayBuffer:
                 each drawn row on, ``next_state``/``terminated``/``truncated`` come from the row the sum
                 stopped at, and a ``discount`` key holds ``gamma ** steps`` (float32). The sum stops
                 early at an episode end (a truncation stops it but is not a termination) and at the
-                newest row. Key names: ``transition_keys``. See :mod:`objectrl_buffer.nstep`.
+                newest row. Key names: ``transition_keys``. See :mod:`objectrl_buffer.sampling.nstep`.
             gamma: the n-step discount, in ``[0, 1]`` (unused when ``n_step == 1``).
             recent: draw only from the newest ``recent`` rows (all rows if fewer are stored).
 
@@ -605,7 +611,7 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike[str], data: bool = False, *, progress: bool | None = None) -> None:
-        """Save a checkpoint at ``path``; crash-safe (see :mod:`objectrl_buffer.checkpoint`).
+        """Save a checkpoint at ``path``; crash-safe (see :mod:`objectrl_buffer.checkpoint.generations`).
 
         ``data=False`` (ObjectRL's behaviour) writes only ``path + ".metadata"``: a dict of ints
         (``buffer_size``, ``data_size``, ``pointer``) readable by plain ``torch.load``. ``data=True``
@@ -697,7 +703,7 @@ class ReplayBuffer:
         """Raise :class:`CheckpointError` if this buffer cannot adopt ``restored`` (a plain buffer adopts any)."""
 
     def _restore_checkpoint(self, restored: Restored) -> None:
-        """Adopt a checkpoint that :func:`~objectrl_buffer.checkpoint.load_checkpoint` has fully read and checked."""
+        """Adopt a checkpoint that :func:`~objectrl_buffer.checkpoint.generations.load_checkpoint` has checked."""
         if restored.storage is None:  # metadata only: counters over the rows held, as ObjectRL
             if restored.buffer_size != self.buffer_size:
                 self.reset(restored.buffer_size)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from objectrl_buffer.samplers import chronological_slots, epoch_slots, num_batches, uniform_slots
+from objectrl_buffer.sampling.uniform import chronological_slots, epoch_slots, num_batches, uniform_slots
 
 
 def ring_states(max_capacity: int) -> list[tuple[int, int, int]]:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from objectrl_buffer.schema import Schema
-from objectrl_buffer.storage import TransitionStorage, make_tensordict
+from objectrl_buffer.core.schema import Schema
+from objectrl_buffer.storage.table import TransitionStorage, make_tensordict
 
 CPU = torch.device("cpu")
 

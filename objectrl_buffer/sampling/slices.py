@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
+from objectrl_buffer.core.schema import Key, format_key
 from objectrl_buffer.errors import EmptyBufferError, SchemaError
-from objectrl_buffer.schema import Key, format_key
 
 __all__ = ["TransitionKeys", "StoredRows", "episode_ends", "slice_positions", "pad_slices", "MASK_KEY"]
 

@@ -50,8 +50,8 @@ from typing import Any, TypeAlias
 
 import torch
 
+from objectrl_buffer.core.schema import INDEX_KEY, Field, Key, Schema, format_key
 from objectrl_buffer.errors import CheckpointError
-from objectrl_buffer.schema import INDEX_KEY, Field, Key, Schema, format_key
 
 __all__ = [
     "DATA_FORMAT",

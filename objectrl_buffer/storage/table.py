@@ -1,7 +1,7 @@
 """Where rows live: a torchrl storage on the storing device, and cheap per-key access to it.
 
 * CPU: torchrl ``LazyMemmapStorage`` with its files in a private folder, made in ``storage_dir`` when
-  the user names one. Otherwise :mod:`~objectrl_buffer.placement` picks the parent when the row size
+  the user names one. Otherwise :mod:`~objectrl_buffer.storage.placement` picks the parent when the row size
   is known (first write): ``/dev/shm`` if the whole buffer fits there with room to spare (its pages are
   then reserved up front), the disk-backed temp folder if not, so a 64 MB ``/dev/shm`` never stops it.
 * Any other device (CUDA, MPS, ...): torchrl ``LazyTensorStorage`` on that device.
@@ -14,7 +14,7 @@ column write or gather costs ~2-10 us per key (see ``benchmarks/``).
 
 On the CPU the same memory is also viewed as NumPy arrays (``arrays``): ``ndarray.take`` gathers 256
 rows ~1.5x faster than ``index_select``, a contiguous slice copies ~2x faster than ``Tensor.clone``,
-and :class:`~objectrl_buffer.fastpath.FastWriter` writes single rows through them.
+and :class:`~objectrl_buffer.storage.fast_write.FastWriter` writes single rows through them.
 
 :meth:`TransitionStorage.release` frees the memory deterministically (drops the only reference to the
 memmaps and unlinks their files), so a buffer that is reset 10,000 times holds a constant number of
@@ -37,11 +37,11 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.storages import TensorStorage
 
-from objectrl_buffer import placement
+from objectrl_buffer.core.schema import Key, Schema
 from objectrl_buffer.errors import ClosedBufferError
-from objectrl_buffer.fastpath import FastWriter, numpy_views
-from objectrl_buffer.prefault import populate_all
-from objectrl_buffer.schema import Key, Schema
+from objectrl_buffer.storage import placement
+from objectrl_buffer.storage.fast_write import FastWriter, numpy_views
+from objectrl_buffer.storage.prefault import populate_all
 
 __all__ = ["TransitionStorage", "make_tensordict"]
 
@@ -78,7 +78,7 @@ class TransitionStorage:
         capacity: number of rows (slots), > 0.
         device: the storing device. CPU gives memory-mapped files, anything else device tensors.
         directory: parent folder for the CPU memmap files, where a private sub-folder is created at
-            once. ``None``: :mod:`~objectrl_buffer.placement` chooses the parent at the first
+            once. ``None``: :mod:`~objectrl_buffer.storage.placement` chooses the parent at the first
             :meth:`initialize`. The sub-folder is removed by :meth:`close` (or at exit).
     """
 
@@ -151,7 +151,7 @@ class TransitionStorage:
         """Allocate ``capacity`` rows of ``schema`` through torchrl, from one example row.
 
         Placed in RAM by default (``/dev/shm``, or a temp folder that is a tmpfs; see
-        :mod:`~objectrl_buffer.placement`), the files are reserved in full, and with ``populate`` also
+        :mod:`~objectrl_buffer.storage.placement`), the files are reserved in full, and with ``populate`` also
         mapped into this process at once, so that no later write or read of a row takes a page fault (a
         loader that fills the pages itself passes ``False``). Warns (``RuntimeWarning``) when RAM-backed
         files could not be reserved anywhere.

@@ -6,7 +6,7 @@ A checkpoint at ``path`` is
   strings with at least ``buffer_size``, ``data_size`` and ``pointer``, as ObjectRL writes it. A full
   save adds ``data_dir`` (the name of the data folder beside it) and ``data_manifest_crc32``.
 * with ``data=True`` only: ``<path>.data-<16 hex digits>/``, one folder per save ("generation"), laid
-  out as :mod:`objectrl_buffer.checkpoint_data` describes.
+  out as :mod:`objectrl_buffer.checkpoint.data` describes.
 
 Crash safety comes from the order of a save: the new generation folder is written and fsynced
 completely, then the metadata file is atomically replaced (temp file, fsync, ``os.replace``, fsync of
@@ -37,12 +37,12 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from objectrl_buffer.checkpoint_data import BufferState, read_data, read_manifest, verify_data, write_data_folder
-from objectrl_buffer.checkpoint_io import atomic_write, fsync_path, remove_in_background, wait_for_cleanup
-from objectrl_buffer.checkpoint_manifest import ExtraValue, Manifest
+from objectrl_buffer.checkpoint.data import BufferState, read_data, read_manifest, verify_data, write_data_folder
+from objectrl_buffer.checkpoint.io import atomic_write, fsync_path, remove_in_background, wait_for_cleanup
+from objectrl_buffer.checkpoint.manifest import ExtraValue, Manifest
+from objectrl_buffer.core.schema import Schema
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
-from objectrl_buffer.schema import Schema
-from objectrl_buffer.storage import TransitionStorage
+from objectrl_buffer.storage.table import TransitionStorage
 
 __all__ = [
     "METADATA_SUFFIX",

@@ -16,9 +16,9 @@ import os
 import sys
 from typing import Any
 
-from objectrl_buffer.checkpoint import METADATA_SUFFIX, Checkpoint, open_checkpoint, verify_checkpoint
+from objectrl_buffer.checkpoint.generations import METADATA_SUFFIX, Checkpoint, open_checkpoint, verify_checkpoint
+from objectrl_buffer.core.schema import format_key
 from objectrl_buffer.errors import CheckpointError
-from objectrl_buffer.schema import format_key
 
 __all__ = ["main", "describe"]
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 
 import torch
 
+from objectrl_buffer.core.schema import Key
 from objectrl_buffer.errors import InvalidArgumentError
-from objectrl_buffer.schema import Key
-from objectrl_buffer.trajectories import TransitionKeys, episode_ends, require_keys
+from objectrl_buffer.sampling.slices import TransitionKeys, episode_ends, require_keys
 
 __all__ = ["check_n_step", "n_step_targets"]
 

@@ -20,7 +20,7 @@ Conventions (each one a choice among the published ones, stated here once):
   is likely to be replayed soon (baselines' convention).
 
 Checkpoints: ``save(path, data=True)`` keeps the priorities, ``max_priority`` and the settings, and
-``load``/``from_checkpoint`` restore them: see :mod:`objectrl_buffer.prioritized_checkpoint`.
+``load``/``from_checkpoint`` restore them: see :mod:`objectrl_buffer.prioritized.checkpoint`.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from objectrl_buffer.checkpoint import Checkpoint, Restored
-from objectrl_buffer.checkpoint_data import BufferState
+from objectrl_buffer.checkpoint.data import BufferState
+from objectrl_buffer.checkpoint.generations import Checkpoint, Restored
 from objectrl_buffer.errors import CheckpointError, EmptyBufferError, InvalidArgumentError
-from objectrl_buffer.nstep import check_n_step
-from objectrl_buffer.prioritized_checkpoint import priority_extras, saved_priorities, saved_settings
-from objectrl_buffer.priority_index import Backend, PriorityIndex, check_backend, make_priority_index
+from objectrl_buffer.prioritized.checkpoint import priority_extras, saved_priorities, saved_settings
+from objectrl_buffer.prioritized.index import Backend, PriorityIndex, check_backend, make_priority_index
 from objectrl_buffer.replay_buffer import ReplayBuffer, Slots, Transition, _positive_int
+from objectrl_buffer.sampling.nstep import check_n_step
 
 __all__ = ["PrioritizedReplayBuffer", "WEIGHT_KEY"]
 
