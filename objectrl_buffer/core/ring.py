@@ -28,7 +28,7 @@ class Ring:
     The fields are plain ints, read and written directly on the per-step path.
     """
 
-    __slots__ = ("capacity", "size", "pointer")
+    __slots__ = ("capacity", "pointer", "size")
 
     def __init__(self, capacity: int, size: int = 0, pointer: int = 0) -> None:
         self.capacity = capacity
