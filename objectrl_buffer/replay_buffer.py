@@ -35,6 +35,7 @@ from objectrl_buffer.samplers import (
     window_slots,
 )
 from objectrl_buffer.schema import INDEX_KEY, Key, Schema, require_mapping
+from objectrl_buffer.seeding import derived_seed
 from objectrl_buffer.storage import TransitionStorage, make_tensordict
 from objectrl_buffer.trajectories import StoredRows, TransitionKeys, pad_slices, require_keys, slice_positions
 from objectrl_buffer.transfer import StagingRing
@@ -68,8 +69,10 @@ class ReplayBuffer:
             ``storage_dir``); any other device a torchrl ``LazyTensorStorage`` on that device.
         buffer_size: capacity in transitions (> 0). The oldest rows are overwritten once full.
         print_gc_warning: accepted for ObjectRL compatibility; unused (nothing here needs a GC retry).
-        seed: seed of the buffer's own ``torch.Generator`` (``None``: a random seed). Same seed and
-            same writes give the same samples and shuffles; global RNG state is never touched.
+        seed: seed of the buffer's own ``torch.Generator``. Same seed and same writes give the same
+            samples and shuffles; global RNG state is never touched. ``None``: derived from the global
+            torch seed (``torch.manual_seed``) and the order in which buffers are built, so two runs
+            seeded alike sample alike (see :mod:`~objectrl_buffer.seeding`).
         shuffle: default of ``shuffle`` for the epoch iterators (``False`` keeps ObjectRL's slot order).
             Setting it here lets unmodified ObjectRL trainers get shuffled epochs.
         storage_dir: parent folder for the CPU memmap files (e.g. a disk folder, to keep a large buffer
@@ -116,10 +119,8 @@ class ReplayBuffer:
         self.transition_keys = TransitionKeys() if transition_keys is None else transition_keys
         self._random_recent: int | None = None  # recency window of get_next_batch's random sampling
         self.generator = torch.Generator(device=self.storing_device)
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
+        # seed=None follows the global torch seed, as upstream's global sampling does (see seeding.py)
+        self.generator.manual_seed(derived_seed() if seed is None else seed)
         self._generation = 0  # bumped by reset(): epoch iterators of an older generation are stale
         self._storage = TransitionStorage(self.buffer_size, self.storing_device, storage_dir)
         self._memory = self._make_memory()
