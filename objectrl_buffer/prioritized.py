@@ -287,6 +287,21 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """
         super().load(path, verify=verify, progress=progress)
 
+    # ------------------------------------------------------------------ copies
+    def __getstate__(self) -> dict[str, Any]:
+        """As :meth:`ReplayBuffer.__getstate__`, with the raw priorities, :attr:`max_priority`,
+        ``alpha``/``beta``/``eps`` and the backend; the index is rebuilt from the priorities."""
+        state = super().__getstate__()
+        del state["_index"]  # torchrl's compiled trees do not pickle; rebuilt exactly from the priorities
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        capacity = self._priority.numel()  # 0 after close()
+        self._index = make_priority_index(self._backend, max(capacity, 1), self.storing_device, self._alpha, self._eps)
+        if capacity:
+            self._index.rebuild(self._priority, self.data_size)
+
     # ------------------------------------------------------------------ checkpoint hooks
     @classmethod
     def _checkpoint_kwargs(cls, ckpt: Checkpoint, given: dict[str, Any]) -> dict[str, Any]:

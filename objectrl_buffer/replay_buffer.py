@@ -207,6 +207,50 @@ class ReplayBuffer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ------------------------------------------------------------------ copies
+    # Rebuilt by a copy, never copied: the storage (a copy gets its own, filled from the rows through
+    # the normal write path), the torchrl view of it, the pinned staging, and the epoch iterator (it
+    # reads the buffer it was made from). The generator travels as its state. multiprocessing's own
+    # pickler uses these too (a full copy); sharing the storage with a child process instead is a
+    # ForkingPickler.register of a reducer for the class, which takes precedence for that pickler only.
+    _NOT_COPIED = ("_storage", "_memory", "_staging", "epoch_iterator", "generator")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What ``pickle``, ``copy.deepcopy`` and ``torch.save`` keep: every setting and counter, the
+        generator state, the schema and the rows of slots ``0 .. data_size-1`` as new tensors (only the
+        filled slots, each at its slot)."""
+        state = {key: value for key, value in self.__dict__.items() if key not in self._NOT_COPIED}
+        storage = self._storage
+        rows = None
+        if storage.schema is not None:
+            rows = {key: column[: self.data_size].clone() for key, column in storage.columns.items()}
+        state["_copied_rows"] = (storage.schema, rows, storage.closed)
+        state["_copied_generator"] = (self.generator.device, self.generator.get_state())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild a buffer from :meth:`__getstate__`: its own storage (and private folder, removed at
+        :meth:`close` or exit) holding the same rows at the same slots; no epoch iterator."""
+        state = dict(state)
+        schema, rows, closed = state.pop("_copied_rows")
+        generator_device, generator_state = state.pop("_copied_generator")
+        # Tensor attributes (a subclass's priorities, ...) are cloned: multiprocessing's pickler hands
+        # tensors over in shared memory, which would tie the copy to the original.
+        self.__dict__.update({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
+        self.epoch_iterator = None
+        self.generator = torch.Generator(device=generator_device)
+        self.generator.set_state(generator_state)
+        self._storage = TransitionStorage(self.buffer_size, self.storing_device, None if closed else self.storage_dir)
+        if closed:
+            self._storage.close()
+        elif schema is not None:
+            self._storage.initialize(schema, {f.key: torch.zeros(f.shape, dtype=f.dtype) for f in schema.fields})
+            n = self.data_size
+            self._storage.write_rows(0, [(field, rows[field.key]) for field in schema.fields], first=0, n=n)
+        self._memory = self._make_memory()
+        cuda_from_cpu = self.device.type == "cuda" and self.storing_device.type == "cpu"
+        self._staging = StagingRing(self.device) if cuda_from_cpu else None
+
     # ------------------------------------------------------------------ writes
     def add(self, transition: Transition) -> None:
         """Store one transition at slot ``pointer``.
