@@ -66,6 +66,7 @@ class BufferState:
     ``storing_device``; only its first ``data_size`` rows are saved. ``extra_arrays`` (any shape,
     dtype and device) and ``extra_values`` (finite numbers, bools, strings) are a subclass's own state,
     saved whole under their names (dotted, owner first: ``"prioritized.priority"``).
+    ``phantom`` goes into the metadata file of a full checkpoint (see :mod:`objectrl_buffer.checkpoint`).
     """
 
     buffer_size: int
@@ -80,6 +81,7 @@ class BufferState:
     storage_dir: str | os.PathLike[str] | None
     extra_arrays: Mapping[str, torch.Tensor] = field(default_factory=dict)
     extra_values: Mapping[str, ExtraValue] = field(default_factory=dict)
+    phantom: int = 0  # the oldest rows counted in data_size that hold no data (after a metadata-only load)
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -41,6 +41,7 @@ from objectrl_buffer.nstep import check_n_step
 from objectrl_buffer.prioritized_checkpoint import priority_extras, saved_priorities, saved_settings
 from objectrl_buffer.priority_index import Backend, PriorityIndex, check_backend, make_priority_index
 from objectrl_buffer.replay_buffer import ReplayBuffer, Slots, Transition, _positive_int
+from objectrl_buffer.samplers import chronological_slots
 
 __all__ = ["PrioritizedReplayBuffer", "WEIGHT_KEY"]
 
@@ -373,12 +374,27 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             )
         n, g = (1, 0.0) if n_step == 1 else check_n_step(n_step, gamma)
         self._require_rows()
-        if self._eps == 0 and not self._index.total() > 0:  # total() syncs: only eps == 0 can make it 0
-            raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")
-        slots = self._index.draw(k, self.data_size, self.generator)
+        if self._phantom:
+            slots = self._draw_held(k)
+        else:
+            if self._eps == 0 and not self._index.total() > 0:  # total() syncs: only eps == 0 can make it 0
+                raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")
+            slots = self._index.draw(k, self.data_size, self.generator)
         batch = self._read_transitions(slots, n, g)
         batch.set(WEIGHT_KEY, self._to_device(self.importance_weights(slots)))
         return batch
+
+    def _draw_held(self, k: int) -> torch.Tensor:
+        """``k`` slots drawn as :meth:`sample_batch` does, among the rows that hold data only.
+
+        For the time after a metadata-only load, while the counters still count rows that hold no data
+        (the index covers every counted slot): an exact draw in ``O(rows held)``, not ``O(k log N)``.
+        """
+        slots = chronological_slots(self.pointer, self._held, self.buffer_size, self.storing_device)
+        weights = (self._priority.index_select(0, slots) + self._eps).pow_(self._alpha)
+        if not bool(weights.sum() > 0):
+            raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")
+        return slots[torch.multinomial(weights, k, replacement=True, generator=self.generator)]
 
     def importance_weights(self, slots: torch.Tensor) -> torch.Tensor:
         """``(P(i) / min_j P(j))^-beta`` over the given slots (float32, on the storing device)."""

@@ -9,6 +9,7 @@ wraps, paths may be ``os.PathLike``, and bad input raises a clear error that cha
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
@@ -31,6 +32,7 @@ from objectrl_buffer.samplers import (
     epoch_slots,
     num_batches,
     recent_slots,
+    rows_still_held,
     uniform_slots,
     window_slots,
 )
@@ -115,6 +117,9 @@ class ReplayBuffer:
         self.storage_dir = storage_dir
         self.data_size = 0
         self.pointer = 0
+        # Rows counted in data_size that hold no data (a metadata-only load): always the oldest ones,
+        # so reads use the newest data_size - _phantom rows, and writes overwrite phantom rows first.
+        self._phantom = 0
         self.epoch_iterator: Iterator[TensorDict] | None = None
         self.transition_keys = TransitionKeys() if transition_keys is None else transition_keys
         self._random_recent: int | None = None  # recency window of get_next_batch's random sampling
@@ -187,6 +192,7 @@ class ReplayBuffer:
             self._storage.release()
         self.data_size = 0
         self.pointer = 0
+        self._phantom = 0
         self._generation += 1
 
     def close(self) -> None:
@@ -196,7 +202,7 @@ class ReplayBuffer:
         :class:`ClosedBufferError`, and sampling :class:`EmptyBufferError`.
         """
         self._storage.close()
-        self.data_size = self.pointer = 0
+        self.data_size = self.pointer = self._phantom = 0
         self._generation += 1
         self.epoch_iterator = None
         self._staging = None
@@ -269,6 +275,8 @@ class ReplayBuffer:
             self.pointer = pointer if pointer < self.buffer_size else 0
             if self.data_size < self.buffer_size:
                 self.data_size += 1
+            elif self._phantom:  # the full ring overwrote its oldest row: a phantom one
+                self._phantom -= 1
             return
         if isinstance(transition, TensorDictBase):
             if transition.batch_dims:
@@ -290,6 +298,8 @@ class ReplayBuffer:
         self.pointer = pointer + 1 if pointer + 1 < self.buffer_size else 0
         if self.data_size < self.buffer_size:
             self.data_size += 1
+        elif self._phantom:
+            self._phantom -= 1
 
     def add_batch(self, batch: Transition) -> None:
         """Store ``N`` transitions at slots ``pointer, pointer+1, ...`` (wrapping around).
@@ -342,15 +352,22 @@ class ReplayBuffer:
         capacity = self.buffer_size
         kept = min(n, capacity)
         start = (self.pointer + n - kept) % capacity
+        if self._phantom:  # rows past the capacity overwrite the oldest ones, phantom ones first
+            self._phantom = max(0, self._phantom - max(0, self.data_size + n - capacity))
         self.pointer = (self.pointer + n) % capacity
         self.data_size = min(self.data_size + n, capacity)
         return start, kept
 
     # ------------------------------------------------------------------ reads
+    @property
+    def _held(self) -> int:
+        """Rows that hold data: the newest ``data_size - phantom`` (all of them but after a metadata-only load)."""
+        return self.data_size - self._phantom
+
     def _require_rows(self) -> None:
         if self.data_size == 0:
             raise EmptyBufferError("cannot sample from an empty buffer: add transitions first")
-        if self._storage.schema is None:
+        if self._storage.schema is None or self._phantom == self.data_size:
             raise EmptyBufferError(
                 f"the buffer counts {self.data_size} rows but holds no data: load() restored metadata only"
             )
@@ -408,6 +425,15 @@ class ReplayBuffer:
             if low < 0 or high >= self.data_size:
                 bad = low if low < 0 else high
                 raise SlotIndexError(f"index {bad} is out of range for a buffer of {self.data_size} rows")
+            if self._phantom:
+                position = (slots - (self.pointer - self.data_size)).remainder_(self.buffer_size)
+                phantom = position < self._phantom
+                if bool(phantom.any()):
+                    bad = int(slots[phantom][0])
+                    raise SlotIndexError(
+                        f"index {bad} is a slot that holds no data: the buffer counts {self.data_size} rows, "
+                        f"but only the newest {self._held} were written since load() restored counters only"
+                    )
         return slots
 
     def sample_batch(
@@ -435,16 +461,17 @@ class ReplayBuffer:
             SchemaError: n-step sampling needs a key that is not stored.
         """
         k = _positive_int(batch_size, "batch_size")
-        if n_step == 1 and recent is None:  # the per-gradient-step path: nothing else to decide
+        if n_step == 1 and recent is None and not self._phantom:  # the per-gradient-step path
             self._require_rows()
             return self._read(uniform_slots(self.data_size, k, self.generator))
         n, g = check_n_step(n_step, gamma)
         window = None if recent is None else _positive_int(recent, "recent")
         self._require_rows()
-        if window is None:
+        if window is None and not self._phantom:
             slots = uniform_slots(self.data_size, k, self.generator)
-        else:
-            slots = recent_slots(self.pointer, self.data_size, self.buffer_size, window, k, self.generator)
+        else:  # the newest rows: a window, or those that hold data
+            held = self._held
+            slots = recent_slots(self.pointer, held, self.buffer_size, window or held, k, self.generator)
         return self._read_transitions(slots, n, g)
 
     def _read_transitions(self, slots: torch.Tensor, n_step: int, gamma: float) -> TensorDict:
@@ -453,7 +480,7 @@ class ReplayBuffer:
             return self._read(slots)
         columns = self._storage.columns
         targets = n_step_targets(
-            columns, slots, self.pointer, self.data_size, self.buffer_size, n_step, gamma, self.transition_keys
+            columns, slots, self.pointer, self._held, self.buffer_size, n_step, gamma, self.transition_keys
         )
         batch = self._read(slots, [key for key in columns if key not in targets])
         for key, value in targets.items():
@@ -473,7 +500,8 @@ class ReplayBuffer:
             TensorDict of batch size ``[len(indices)]`` on ``device``, with ``"index"``.
 
         Raises:
-            SlotIndexError: an index is negative or ``>= len(buffer)``.
+            SlotIndexError: an index is negative or ``>= len(buffer)``, or names a slot counted but holding
+                no data (after a metadata-only :meth:`load`).
             EmptyBufferError: the buffer holds no data.
         """
         slots = self._as_slots(indices)
@@ -536,7 +564,7 @@ class ReplayBuffer:
         columns = self._storage.columns
         end_keys = self.transition_keys.episode_end if done_key is None else (done_key,)
         require_keys(columns, end_keys, "sample_slices")
-        rows = StoredRows(columns, end_keys, self.pointer, self.data_size, self.buffer_size)
+        rows = StoredRows(columns, end_keys, self.pointer, self._held, self.buffer_size)
         positions, mask = slice_positions(rows, k, length, pad, self.generator)
         batch = self._read(rows.slots(positions.reshape(-1))).reshape(k, length)
         return pad_slices(batch, mask.to(self.device), INDEX_KEY) if pad else batch
@@ -548,12 +576,12 @@ class ReplayBuffer:
             EmptyBufferError: the buffer holds no data.
         """
         self._require_rows()
-        return self._read(chronological_slots(self.pointer, self.data_size, self.buffer_size, self.storing_device))
+        return self._read(chronological_slots(self.pointer, self._held, self.buffer_size, self.storing_device))
 
     # ------------------------------------------------------------------ epochs and iterations
     def calculate_num_batches(self, batch_size: int) -> int:
         """Batches in one epoch: ``ceil(len / batch_size)``, counting the last partial one."""
-        return num_batches(self.data_size, _positive_int(batch_size, "batch_size"))
+        return num_batches(self._held, _positive_int(batch_size, "batch_size"))
 
     def create_epoch_iterator(
         self, batch_size: int, n_epochs: int = 1, shuffle: bool | None = None, *, recent: int | None = None
@@ -576,8 +604,9 @@ class ReplayBuffer:
         self._require_rows()
         shuffle = self.shuffle if shuffle is None else shuffle
         rows = None
-        if window is not None:
-            rows = window_slots(self.pointer, self.data_size, self.buffer_size, window, self.storing_device)
+        if window is not None or self._phantom:  # the newest rows: a window, or those that hold data
+            held = self._held
+            rows = window_slots(self.pointer, held, self.buffer_size, window or held, self.storing_device)
         size = self.data_size if rows is None else rows.numel()
         # The generation is taken now, not at the first next(): a generator body runs lazily.
         self.epoch_iterator = self._epochs(self._generation, size, bs, epochs, shuffle, rows)
@@ -631,7 +660,7 @@ class ReplayBuffer:
         if n_epochs > 0:
             self.create_epoch_iterator(batch_size, n_epochs, shuffle, recent=window)
             self._random_recent = window
-            rows = self.data_size if window is None else min(window, self.data_size)
+            rows = self._held if window is None else min(window, self._held)
             return n_epochs * num_batches(rows, _positive_int(batch_size, "batch_size"))
         self.epoch_iterator = None
         self._random_recent = window
@@ -669,7 +698,11 @@ class ReplayBuffer:
         """Restore what ``save(path, ...)`` wrote.
 
         A metadata-only checkpoint restores ``buffer_size``, ``data_size``, ``pointer`` (ObjectRL's
-        behaviour). A full checkpoint restores every row at its slot, the ring state, the schema, the
+        behaviour). Rows it counts that this buffer does not hold (all of them in a new process) are
+        never returned: every read (sampling, n-step, slices, epochs, ``sample_all``, PER) uses only the
+        newest rows, those written since, and an index of such a slot raises :class:`SlotIndexError`.
+        ``len()`` and ``pointer`` stay as restored; rows written later replace the missing ones first as
+        the ring wraps. A ``RuntimeWarning`` says how many rows hold no data. A full checkpoint restores every row at its slot, the ring state, the schema, the
         generator state (same next samples; on a storing device of another type the generator is
         re-seeded with the saved seed instead) and ``shuffle``, onto this buffer's storing device.
         ``verify`` checks every crc32 checksum (``False`` skips that read-time cost).
@@ -736,6 +769,7 @@ class ReplayBuffer:
             device=self.device,
             storing_device=self.storing_device,
             storage_dir=self.storage_dir,
+            phantom=self._phantom,
         )
 
     def _check_checkpoint(self, restored: Restored) -> None:
@@ -746,7 +780,20 @@ class ReplayBuffer:
         if restored.storage is None:  # metadata only: counters over the rows held, as ObjectRL
             if restored.buffer_size != self.buffer_size:
                 self.reset(restored.buffer_size)
+            # only rows this buffer wrote are data; the counters may count more (all, in a new process)
+            held = self._held if self._storage.initialized else 0
+            held = rows_still_held(self.pointer, held, restored.pointer, restored.data_size, restored.buffer_size)
+            phantom = restored.data_size - held
+            if phantom:
+                warnings.warn(
+                    f"'{restored.source}' is a metadata-only checkpoint: {phantom} rows are counted "
+                    f"(len() == {restored.data_size}) but hold no data, and will not be sampled; rows "
+                    "written from now on replace them as the ring wraps",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         else:
+            phantom = restored.phantom
             old, self._storage = self._storage, restored.storage
             self.buffer_size = restored.buffer_size
             self._memory = self._make_memory()
@@ -761,3 +808,4 @@ class ReplayBuffer:
             self.shuffle = restored.shuffle
         self.data_size = restored.data_size
         self.pointer = restored.pointer
+        self._phantom = phantom
