@@ -95,6 +95,10 @@ class ReplayBuffer:
     ``add_batch``) or a mapping of key -> tensor/array/number. The first write fixes the schema.
     Every sample is a new ``TensorDict`` on ``device`` (never a view of storage) carrying the stored
     keys plus ``"index"``: the storage slot of each row (int64).
+
+    ``pickle``, ``copy.deepcopy`` and ``torch.save``/``torch.load(weights_only=False)`` give a full,
+    independent buffer: its own storage holding the same rows at the same slots, the same counters,
+    settings and generator state; an epoch iterator is not carried over (``epoch_iterator`` is ``None``).
     """
 
     def __init__(
@@ -702,9 +706,11 @@ class ReplayBuffer:
         never returned: every read (sampling, n-step, slices, epochs, ``sample_all``, PER) uses only the
         newest rows, those written since, and an index of such a slot raises :class:`SlotIndexError`.
         ``len()`` and ``pointer`` stay as restored; rows written later replace the missing ones first as
-        the ring wraps. A ``RuntimeWarning`` says how many rows hold no data. A full checkpoint restores every row at its slot, the ring state, the schema, the
-        generator state (same next samples; on a storing device of another type the generator is
-        re-seeded with the saved seed instead) and ``shuffle``, onto this buffer's storing device.
+        the ring wraps. A ``RuntimeWarning`` says how many rows hold no data.
+
+        A full checkpoint restores every row at its slot, the ring state, the schema, the generator
+        state (same next samples; on a storing device of another type the generator is re-seeded with
+        the saved seed instead) and ``shuffle``, onto this buffer's storing device.
         ``verify`` checks every crc32 checksum (``False`` skips that read-time cost).
 
         A buffer holding rows only loads a checkpoint of the same ``buffer_size`` (and schema); an
