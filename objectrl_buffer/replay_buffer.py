@@ -9,6 +9,7 @@ wraps, paths may be ``os.PathLike``, and bad input raises a clear error that cha
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
@@ -25,6 +26,7 @@ from objectrl_buffer.checkpoint.generations import (
     save_checkpoint,
 )
 from objectrl_buffer.core.schema import INDEX_KEY, Key, Schema, require_mapping
+from objectrl_buffer.core.seeding import derived_seed
 from objectrl_buffer.errors import (
     EmptyBufferError,
     InvalidArgumentError,
@@ -39,6 +41,7 @@ from objectrl_buffer.sampling.uniform import (
     epoch_slots,
     num_batches,
     recent_slots,
+    rows_still_held,
     uniform_slots,
     window_slots,
 )
@@ -74,8 +77,10 @@ class ReplayBuffer:
             ``storage_dir``); any other device a torchrl ``LazyTensorStorage`` on that device.
         buffer_size: capacity in transitions (> 0). The oldest rows are overwritten once full.
         print_gc_warning: accepted for ObjectRL compatibility; unused (nothing here needs a GC retry).
-        seed: seed of the buffer's own ``torch.Generator`` (``None``: a random seed). Same seed and
-            same writes give the same samples and shuffles; global RNG state is never touched.
+        seed: seed of the buffer's own ``torch.Generator``. Same seed and same writes give the same
+            samples and shuffles; global RNG state is never touched. ``None``: derived from the global
+            torch seed (``torch.manual_seed``) and the order in which buffers are built, so two runs
+            seeded alike sample alike (see :mod:`~objectrl_buffer.core.seeding`).
         shuffle: default of ``shuffle`` for the epoch iterators (``False`` keeps ObjectRL's slot order).
             Setting it here lets unmodified ObjectRL trainers get shuffled epochs.
         storage_dir: parent folder for the CPU memmap files (e.g. a disk folder, to keep a large buffer
@@ -96,6 +101,10 @@ class ReplayBuffer:
     ``add_batch``) or a mapping of key -> tensor/array/number. The first write fixes the schema.
     Every sample is a new ``TensorDict`` on ``device`` (never a view of storage) carrying the stored
     keys plus ``"index"``: the storage slot of each row (int64).
+
+    ``pickle``, ``copy.deepcopy`` and ``torch.save``/``torch.load(weights_only=False)`` give a full,
+    independent buffer: its own storage holding the same rows at the same slots, the same counters,
+    settings and generator state; an epoch iterator is not carried over (``epoch_iterator`` is ``None``).
     """
 
     def __init__(
@@ -118,14 +127,15 @@ class ReplayBuffer:
         self.storage_dir = storage_dir
         self.data_size = 0
         self.pointer = 0
+        # Rows counted in data_size that hold no data (a metadata-only load): always the oldest ones,
+        # so reads use the newest data_size - _phantom rows, and writes overwrite phantom rows first.
+        self._phantom = 0
         self.epoch_iterator: Iterator[TensorDict] | None = None
         self.transition_keys = TransitionKeys() if transition_keys is None else transition_keys
         self._random_recent: int | None = None  # recency window of get_next_batch's random sampling
         self.generator = torch.Generator(device=self.storing_device)
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
+        # seed=None follows the global torch seed, as upstream's global sampling does (see seeding.py)
+        self.generator.manual_seed(derived_seed() if seed is None else seed)
         self._generation = 0  # bumped by reset(): epoch iterators of an older generation are stale
         self._storage = TransitionStorage(self.buffer_size, self.storing_device, storage_dir)
         self._memory = self._make_memory()
@@ -192,6 +202,7 @@ class ReplayBuffer:
             self._storage.release()
         self.data_size = 0
         self.pointer = 0
+        self._phantom = 0
         self._generation += 1
 
     def close(self) -> None:
@@ -201,7 +212,7 @@ class ReplayBuffer:
         :class:`ClosedBufferError`, and sampling :class:`EmptyBufferError`.
         """
         self._storage.close()
-        self.data_size = self.pointer = 0
+        self.data_size = self.pointer = self._phantom = 0
         self._generation += 1
         self.epoch_iterator = None
         self._staging = None
@@ -211,6 +222,50 @@ class ReplayBuffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # ------------------------------------------------------------------ copies
+    # Rebuilt by a copy, never copied: the storage (a copy gets its own, filled from the rows through
+    # the normal write path), the torchrl view of it, the pinned staging, and the epoch iterator (it
+    # reads the buffer it was made from). The generator travels as its state. multiprocessing's own
+    # pickler uses these too (a full copy); sharing the storage with a child process instead is a
+    # ForkingPickler.register of a reducer for the class, which takes precedence for that pickler only.
+    _NOT_COPIED = ("_storage", "_memory", "_staging", "epoch_iterator", "generator")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What ``pickle``, ``copy.deepcopy`` and ``torch.save`` keep: every setting and counter, the
+        generator state, the schema and the rows of slots ``0 .. data_size-1`` as new tensors (only the
+        filled slots, each at its slot)."""
+        state = {key: value for key, value in self.__dict__.items() if key not in self._NOT_COPIED}
+        storage = self._storage
+        rows = None
+        if storage.schema is not None:
+            rows = {key: column[: self.data_size].clone() for key, column in storage.columns.items()}
+        state["_copied_rows"] = (storage.schema, rows, storage.closed)
+        state["_copied_generator"] = (self.generator.device, self.generator.get_state())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild a buffer from :meth:`__getstate__`: its own storage (and private folder, removed at
+        :meth:`close` or exit) holding the same rows at the same slots; no epoch iterator."""
+        state = dict(state)
+        schema, rows, closed = state.pop("_copied_rows")
+        generator_device, generator_state = state.pop("_copied_generator")
+        # Tensor attributes (a subclass's priorities, ...) are cloned: multiprocessing's pickler hands
+        # tensors over in shared memory, which would tie the copy to the original.
+        self.__dict__.update({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
+        self.epoch_iterator = None
+        self.generator = torch.Generator(device=generator_device)
+        self.generator.set_state(generator_state)
+        self._storage = TransitionStorage(self.buffer_size, self.storing_device, None if closed else self.storage_dir)
+        if closed:
+            self._storage.close()
+        elif schema is not None:
+            self._storage.initialize(schema, {f.key: torch.zeros(f.shape, dtype=f.dtype) for f in schema.fields})
+            n = self.data_size
+            self._storage.write_rows(0, [(field, rows[field.key]) for field in schema.fields], first=0, n=n)
+        self._memory = self._make_memory()
+        cuda_from_cpu = self.device.type == "cuda" and self.storing_device.type == "cpu"
+        self._staging = StagingRing(self.device) if cuda_from_cpu else None
 
     # ------------------------------------------------------------------ writes
     def add(self, transition: Transition) -> None:
@@ -230,6 +285,8 @@ class ReplayBuffer:
             self.pointer = pointer if pointer < self.buffer_size else 0
             if self.data_size < self.buffer_size:
                 self.data_size += 1
+            elif self._phantom:  # the full ring overwrote its oldest row: a phantom one
+                self._phantom -= 1
             return
         if isinstance(transition, TensorDictBase):
             if transition.batch_dims:
@@ -251,6 +308,8 @@ class ReplayBuffer:
         self.pointer = pointer + 1 if pointer + 1 < self.buffer_size else 0
         if self.data_size < self.buffer_size:
             self.data_size += 1
+        elif self._phantom:
+            self._phantom -= 1
 
     def add_batch(self, batch: Transition) -> None:
         """Store ``N`` transitions at slots ``pointer, pointer+1, ...`` (wrapping around).
@@ -303,15 +362,22 @@ class ReplayBuffer:
         capacity = self.buffer_size
         kept = min(n, capacity)
         start = (self.pointer + n - kept) % capacity
+        if self._phantom:  # rows past the capacity overwrite the oldest ones, phantom ones first
+            self._phantom = max(0, self._phantom - max(0, self.data_size + n - capacity))
         self.pointer = (self.pointer + n) % capacity
         self.data_size = min(self.data_size + n, capacity)
         return start, kept
 
     # ------------------------------------------------------------------ reads
+    @property
+    def _held(self) -> int:
+        """Rows that hold data: the newest ``data_size - phantom`` (all of them but after a metadata-only load)."""
+        return self.data_size - self._phantom
+
     def _require_rows(self) -> None:
         if self.data_size == 0:
             raise EmptyBufferError("cannot sample from an empty buffer: add transitions first")
-        if self._storage.schema is None:
+        if self._storage.schema is None or self._phantom == self.data_size:
             raise EmptyBufferError(
                 f"the buffer counts {self.data_size} rows but holds no data: load() restored metadata only"
             )
@@ -369,6 +435,15 @@ class ReplayBuffer:
             if low < 0 or high >= self.data_size:
                 bad = low if low < 0 else high
                 raise SlotIndexError(f"index {bad} is out of range for a buffer of {self.data_size} rows")
+            if self._phantom:
+                position = (slots - (self.pointer - self.data_size)).remainder_(self.buffer_size)
+                phantom = position < self._phantom
+                if bool(phantom.any()):
+                    bad = int(slots[phantom][0])
+                    raise SlotIndexError(
+                        f"index {bad} is a slot that holds no data: the buffer counts {self.data_size} rows, "
+                        f"but only the newest {self._held} were written since load() restored counters only"
+                    )
         return slots
 
     def sample_batch(
@@ -396,16 +471,17 @@ class ReplayBuffer:
             SchemaError: n-step sampling needs a key that is not stored.
         """
         k = _positive_int(batch_size, "batch_size")
-        if n_step == 1 and recent is None:  # the per-gradient-step path: nothing else to decide
+        if n_step == 1 and recent is None and not self._phantom:  # the per-gradient-step path
             self._require_rows()
             return self._read(uniform_slots(self.data_size, k, self.generator))
         n, g = check_n_step(n_step, gamma)
         window = None if recent is None else _positive_int(recent, "recent")
         self._require_rows()
-        if window is None:
+        if window is None and not self._phantom:
             slots = uniform_slots(self.data_size, k, self.generator)
-        else:
-            slots = recent_slots(self.pointer, self.data_size, self.buffer_size, window, k, self.generator)
+        else:  # the newest rows: a window, or those that hold data
+            held = self._held
+            slots = recent_slots(self.pointer, held, self.buffer_size, window or held, k, self.generator)
         return self._read_transitions(slots, n, g)
 
     def _read_transitions(self, slots: torch.Tensor, n_step: int, gamma: float) -> TensorDict:
@@ -414,7 +490,7 @@ class ReplayBuffer:
             return self._read(slots)
         columns = self._storage.columns
         targets = n_step_targets(
-            columns, slots, self.pointer, self.data_size, self.buffer_size, n_step, gamma, self.transition_keys
+            columns, slots, self.pointer, self._held, self.buffer_size, n_step, gamma, self.transition_keys
         )
         batch = self._read(slots, [key for key in columns if key not in targets])
         for key, value in targets.items():
@@ -434,7 +510,8 @@ class ReplayBuffer:
             TensorDict of batch size ``[len(indices)]`` on ``device``, with ``"index"``.
 
         Raises:
-            SlotIndexError: an index is negative or ``>= len(buffer)``.
+            SlotIndexError: an index is negative or ``>= len(buffer)``, or names a slot counted but holding
+                no data (after a metadata-only :meth:`load`).
             EmptyBufferError: the buffer holds no data.
         """
         slots = self._as_slots(indices)
@@ -497,7 +574,7 @@ class ReplayBuffer:
         columns = self._storage.columns
         end_keys = self.transition_keys.episode_end if done_key is None else (done_key,)
         require_keys(columns, end_keys, "sample_slices")
-        rows = StoredRows(columns, end_keys, self.pointer, self.data_size, self.buffer_size)
+        rows = StoredRows(columns, end_keys, self.pointer, self._held, self.buffer_size)
         positions, mask = slice_positions(rows, k, length, pad, self.generator)
         batch = self._read(rows.slots(positions.reshape(-1))).reshape(k, length)
         return pad_slices(batch, mask.to(self.device), INDEX_KEY) if pad else batch
@@ -509,12 +586,12 @@ class ReplayBuffer:
             EmptyBufferError: the buffer holds no data.
         """
         self._require_rows()
-        return self._read(chronological_slots(self.pointer, self.data_size, self.buffer_size, self.storing_device))
+        return self._read(chronological_slots(self.pointer, self._held, self.buffer_size, self.storing_device))
 
     # ------------------------------------------------------------------ epochs and iterations
     def calculate_num_batches(self, batch_size: int) -> int:
         """Batches in one epoch: ``ceil(len / batch_size)``, counting the last partial one."""
-        return num_batches(self.data_size, _positive_int(batch_size, "batch_size"))
+        return num_batches(self._held, _positive_int(batch_size, "batch_size"))
 
     def create_epoch_iterator(
         self, batch_size: int, n_epochs: int = 1, shuffle: bool | None = None, *, recent: int | None = None
@@ -537,8 +614,9 @@ class ReplayBuffer:
         self._require_rows()
         shuffle = self.shuffle if shuffle is None else shuffle
         rows = None
-        if window is not None:
-            rows = window_slots(self.pointer, self.data_size, self.buffer_size, window, self.storing_device)
+        if window is not None or self._phantom:  # the newest rows: a window, or those that hold data
+            held = self._held
+            rows = window_slots(self.pointer, held, self.buffer_size, window or held, self.storing_device)
         size = self.data_size if rows is None else rows.numel()
         # The generation is taken now, not at the first next(): a generator body runs lazily.
         self.epoch_iterator = self._epochs(self._generation, size, bs, epochs, shuffle, rows)
@@ -592,7 +670,7 @@ class ReplayBuffer:
         if n_epochs > 0:
             self.create_epoch_iterator(batch_size, n_epochs, shuffle, recent=window)
             self._random_recent = window
-            rows = self.data_size if window is None else min(window, self.data_size)
+            rows = self._held if window is None else min(window, self._held)
             return n_epochs * num_batches(rows, _positive_int(batch_size, "batch_size"))
         self.epoch_iterator = None
         self._random_recent = window
@@ -630,9 +708,15 @@ class ReplayBuffer:
         """Restore what ``save(path, ...)`` wrote.
 
         A metadata-only checkpoint restores ``buffer_size``, ``data_size``, ``pointer`` (ObjectRL's
-        behaviour). A full checkpoint restores every row at its slot, the ring state, the schema, the
-        generator state (same next samples; on a storing device of another type the generator is
-        re-seeded with the saved seed instead) and ``shuffle``, onto this buffer's storing device.
+        behaviour). Rows it counts that this buffer does not hold (all of them in a new process) are
+        never returned: every read (sampling, n-step, slices, epochs, ``sample_all``, PER) uses only the
+        newest rows, those written since, and an index of such a slot raises :class:`SlotIndexError`.
+        ``len()`` and ``pointer`` stay as restored; rows written later replace the missing ones first as
+        the ring wraps. A ``RuntimeWarning`` says how many rows hold no data.
+
+        A full checkpoint restores every row at its slot, the ring state, the schema, the generator
+        state (same next samples; on a storing device of another type the generator is re-seeded with
+        the saved seed instead) and ``shuffle``, onto this buffer's storing device.
         ``verify`` checks every crc32 checksum (``False`` skips that read-time cost).
 
         A buffer holding rows only loads a checkpoint of the same ``buffer_size`` (and schema); an
@@ -697,6 +781,7 @@ class ReplayBuffer:
             device=self.device,
             storing_device=self.storing_device,
             storage_dir=self.storage_dir,
+            phantom=self._phantom,
         )
 
     def _check_checkpoint(self, restored: Restored) -> None:
@@ -707,7 +792,20 @@ class ReplayBuffer:
         if restored.storage is None:  # metadata only: counters over the rows held, as ObjectRL
             if restored.buffer_size != self.buffer_size:
                 self.reset(restored.buffer_size)
+            # only rows this buffer wrote are data; the counters may count more (all, in a new process)
+            held = self._held if self._storage.initialized else 0
+            held = rows_still_held(self.pointer, held, restored.pointer, restored.data_size, restored.buffer_size)
+            phantom = restored.data_size - held
+            if phantom:
+                warnings.warn(
+                    f"'{restored.source}' is a metadata-only checkpoint: {phantom} rows are counted "
+                    f"(len() == {restored.data_size}) but hold no data, and will not be sampled; rows "
+                    "written from now on replace them as the ring wraps",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         else:
+            phantom = restored.phantom
             old, self._storage = self._storage, restored.storage
             self.buffer_size = restored.buffer_size
             self._memory = self._make_memory()
@@ -722,3 +820,4 @@ class ReplayBuffer:
             self.shuffle = restored.shuffle
         self.data_size = restored.data_size
         self.pointer = restored.pointer
+        self._phantom = phantom

@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from objectrl_buffer.checkpoint.io import Crc32, Progress, fsync_path, progress_bar, readinto_exact, write_all
+from objectrl_buffer.checkpoint.io import (
+    Crc32,
+    Progress,
+    fsync_path,
+    progress_bar,
+    readinto_exact,
+    write_all,
+)
 from objectrl_buffer.checkpoint.manifest import (
     MANIFEST,
     Column,
@@ -66,6 +73,7 @@ class BufferState:
     ``storing_device``; only its first ``data_size`` rows are saved. ``extra_arrays`` (any shape,
     dtype and device) and ``extra_values`` (finite numbers, bools, strings) are a subclass's own state,
     saved whole under their names (dotted, owner first: ``"prioritized.priority"``).
+    ``phantom`` goes into the metadata file of a full checkpoint (see :mod:`objectrl_buffer.checkpoint.generations`).
     """
 
     buffer_size: int
@@ -80,6 +88,7 @@ class BufferState:
     storage_dir: str | os.PathLike[str] | None
     extra_arrays: Mapping[str, torch.Tensor] = field(default_factory=dict)
     extra_values: Mapping[str, ExtraValue] = field(default_factory=dict)
+    phantom: int = 0  # the oldest rows counted in data_size that hold no data (after a metadata-only load)
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -5,6 +5,10 @@ A checkpoint at ``path`` is
 * ``<path>.metadata``: readable by plain ``torch.load`` (``weights_only=True``), a dict of plain ints and
   strings with at least ``buffer_size``, ``data_size`` and ``pointer``, as ObjectRL writes it. A full
   save adds ``data_dir`` (the name of the data folder beside it) and ``data_manifest_crc32``.
+* a full save of a buffer whose counters include rows that hold no data (restored by a metadata-only
+  load, not yet overwritten) also records ``phantom``: how many of the oldest counted rows those are, so
+  that a load never samples them. An optional key of format version 1: a file without it has none (all
+  older checkpoints), and a reader older than this key loads the rows but would sample those too.
 * with ``data=True`` only: ``<path>.data-<16 hex digits>/``, one folder per save ("generation"), laid
   out as :mod:`objectrl_buffer.checkpoint.data` describes.
 
@@ -37,7 +41,13 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from objectrl_buffer.checkpoint.data import BufferState, read_data, read_manifest, verify_data, write_data_folder
+from objectrl_buffer.checkpoint.data import (
+    BufferState,
+    read_data,
+    read_manifest,
+    verify_data,
+    write_data_folder,
+)
 from objectrl_buffer.checkpoint.io import atomic_write, fsync_path, remove_in_background, wait_for_cleanup
 from objectrl_buffer.checkpoint.manifest import ExtraValue, Manifest
 from objectrl_buffer.core.schema import Schema
@@ -127,6 +137,9 @@ def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"'{source}' has format version {version}; this objectrl_buffer reads up to {FORMAT_VERSION}: upgrade it"
         )
     check_ring(meta, source)
+    phantom = meta.get("phantom", 0)
+    if type(phantom) is not int or not 0 <= phantom <= meta["data_size"]:
+        raise CheckpointError(f"'{source}': phantom must be an int in [0, data_size], got {phantom!r}")
     if "data_dir" in meta:
         base = os.path.basename(source)[: -len(METADATA_SUFFIX)]
         data_dir, crc = meta["data_dir"], meta.get("data_manifest_crc32")
@@ -168,6 +181,7 @@ class Restored:
     extra_arrays: dict[str, torch.Tensor] = field(default_factory=dict)
     extra_values: dict[str, ExtraValue] = field(default_factory=dict)
     source: str = ""
+    phantom: int = 0  # of a full checkpoint: the oldest counted rows hold no data (never sampled)
 
 
 class Checkpointable(Protocol):
@@ -283,6 +297,8 @@ def save_checkpoint(
                 ) from exc
             raise
         meta["data_dir"] = name
+        if state.phantom:
+            meta["phantom"] = state.phantom
     try:
         save_metadata(path, meta)
     except BaseException:
@@ -360,6 +376,7 @@ def load_checkpoint(
             extra_arrays=extras,
             extra_values=dict(manifest.extra_values),
             source=ckpt.data_folder,
+            phantom=ckpt.meta.get("phantom", 0),
         )
         buffer._check_checkpoint(restored)
     except BaseException as exc:
