@@ -80,6 +80,7 @@ class BufferState:
     storage_dir: str | os.PathLike[str] | None
     extra_arrays: Mapping[str, torch.Tensor] = field(default_factory=dict)
     extra_values: Mapping[str, ExtraValue] = field(default_factory=dict)
+    num_envs: int = 1
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -164,6 +165,7 @@ def write_data_folder(folder: str, state: BufferState, progress: bool | None = N
         state.storing_device,
         extra_arrays,
         state.extra_values,
+        num_envs=state.num_envs,
     )
     fd = os.open(os.path.join(folder, MANIFEST), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
