@@ -470,3 +470,17 @@ def test_from_checkpoint_refuses_another_num_envs_and_builds_the_saved_one(tmp_p
     assert restored.num_envs == 3 and restored.priorities().tolist() == [1.0] * 3
     restored.add({k: v[0] for k, v in env_steps(1, 3, seed=1, p_end=0.0).items()})
     assert restored.sample_all().batch_size == torch.Size([2, 3])
+
+
+def test_a_metadata_only_load_needs_counters_of_whole_env_steps(tmp_path: Any) -> None:
+    one = ReplayBuffer("cpu", "cpu", 8, storage_dir=tmp_path)
+    one.add_batch({"reward": torch.arange(3.0)})
+    one.save(tmp_path / "odd")  # ObjectRL's save: counters only, pointer 3
+    one.add({"reward": 3.0})
+    one.save(tmp_path / "even")
+    rb = ReplayBuffer("cpu", "cpu", 8, storage_dir=tmp_path, num_envs=2)
+    with pytest.raises(CheckpointError, match="num_envs=2"):
+        rb.load(tmp_path / "odd")
+    assert (len(rb), rb.pointer, rb.num_envs) == (0, 0, 2)
+    rb.load(tmp_path / "even")
+    assert (len(rb), rb.pointer, rb.num_envs) == (4, 4, 2)
