@@ -25,9 +25,11 @@ from objectrl_buffer.checkpoint.generations import (
     load_checkpoint,
     save_checkpoint,
 )
+from objectrl_buffer.core.envs import check_env_step, flatten_steps, whole_steps
 from objectrl_buffer.core.schema import INDEX_KEY, Key, Schema, require_mapping
 from objectrl_buffer.core.seeding import derived_seed
 from objectrl_buffer.errors import (
+    CheckpointError,
     EmptyBufferError,
     InvalidArgumentError,
     SchemaError,
@@ -91,6 +93,14 @@ class ReplayBuffer:
             (usually disk; reserved too where it is a tmpfs). A 64 MB ``/dev/shm`` works.
         transition_keys: names of the reward/next_state/terminated/truncated keys that n-step
             sampling and episode boundaries read (default: ObjectRL's names).
+        num_envs: envs of a vector environment (``gymnasium.make_vec``) written together (>= 1, a
+            divisor of ``buffer_size``). With ``num_envs > 1``, :meth:`add` takes one step of every env
+            (``[num_envs]``) and :meth:`add_batch` ``[T, num_envs]`` (time-major); env ``e`` of a step
+            goes to slot ``t * num_envs + e`` (mod ``buffer_size``), so a sample's env is
+            ``index % num_envs``. Counters (``len``, ``pointer``, ``recent``) stay in rows. Uniform
+            sampling draws over all rows; n-step returns and slices follow one env's stream and never
+            cross into another; :meth:`sample_all` returns ``[T, num_envs]``. See
+            :mod:`~objectrl_buffer.core.envs`.
 
     Attributes:
         device, storing_device (torch.device), buffer_size, data_size, pointer (int): ring state;
@@ -118,10 +128,12 @@ class ReplayBuffer:
         shuffle: bool = False,
         storage_dir: str | os.PathLike[str] | None = None,
         transition_keys: TransitionKeys | None = None,
+        num_envs: int = 1,
     ) -> None:
         self.device = torch.device(device)
         self.storing_device = torch.device(storing_device)
-        self.buffer_size = _positive_int(buffer_size, "buffer_size")
+        self.num_envs = _positive_int(num_envs, "num_envs")
+        self.buffer_size = self._env_multiple(_positive_int(buffer_size, "buffer_size"))
         self.print_gc_warning = print_gc_warning
         self.shuffle = shuffle
         self.storage_dir = storage_dir
@@ -155,6 +167,15 @@ class ReplayBuffer:
         self._storage.torchrl._len = self.data_size if self._storage.initialized else 0
         self._memory._writer._cursor = self.pointer
         return self._memory
+
+    def _env_multiple(self, buffer_size: int) -> int:
+        """``buffer_size`` if whole env steps fill it, else :class:`InvalidArgumentError`."""
+        if buffer_size % self.num_envs:
+            raise InvalidArgumentError(
+                f"buffer_size {buffer_size} is not a multiple of num_envs {self.num_envs}: every env step "
+                "takes num_envs slots"
+            )
+        return buffer_size
 
     def _make_memory(self) -> TensorDictReplayBuffer:
         return TensorDictReplayBuffer(storage=self._storage.torchrl, sampler=RandomSampler(), writer=RoundRobinWriter())
@@ -192,9 +213,11 @@ class ReplayBuffer:
         created before the reset raise :class:`StaleIteratorError` when advanced.
 
         Raises:
-            InvalidArgumentError: ``buffer_size`` is not a positive int (the buffer is unchanged).
+            InvalidArgumentError: ``buffer_size`` is not a positive int, or not a multiple of
+                ``num_envs`` (the buffer is unchanged).
         """
         new_size = self.buffer_size if buffer_size is None else _positive_int(buffer_size, "buffer_size")
+        self._env_multiple(new_size)
         if new_size != self.buffer_size:
             self._storage.resize(new_size)
             self.buffer_size = new_size
@@ -275,10 +298,18 @@ class ReplayBuffer:
             transition: a ``TensorDict`` with batch size ``[]`` or a mapping of key -> value, each value
                 one row (tensor, NumPy array or Python number). An ``"index"`` key is ignored.
 
+        With ``num_envs > 1``: one step of every env, a ``TensorDict`` of batch size ``[num_envs]`` or a
+        mapping of values with a leading dimension ``num_envs``; env ``e``'s row goes to slot
+        ``pointer + e``.
+
         Raises:
-            SchemaError: keys, shapes or dtypes differ from the stored schema (nothing is stored).
+            SchemaError: keys, shapes or dtypes differ from the stored schema, or (``num_envs > 1``) a
+                value's leading dimension is not ``num_envs`` (nothing is stored).
             InvalidArgumentError: a batched TensorDict (use :meth:`add_batch`) or a non-mapping.
         """
+        if self.num_envs > 1:  # before the fast path, which would take a dict of numbers as one row
+            self._add_env_step(transition)
+            return
         fast = self._storage.fast
         if fast is not None and fast.write_row(transition, self.pointer):
             pointer = self.pointer + 1
@@ -311,6 +342,11 @@ class ReplayBuffer:
         elif self._phantom:
             self._phantom -= 1
 
+    def _add_env_step(self, step: Transition) -> tuple[int, int]:
+        """:meth:`add` with ``num_envs > 1``; returns ``(start, kept)`` as :meth:`_add_batch`."""
+        check_env_step(step, self.num_envs)
+        return self._add_batch(step, rows=True)
+
     def add_batch(self, batch: Transition) -> None:
         """Store ``N`` transitions at slots ``pointer, pointer+1, ...`` (wrapping around).
 
@@ -319,16 +355,24 @@ class ReplayBuffer:
                 leading dimension ``N``. When ``N > buffer_size`` only the newest ``buffer_size`` rows are
                 kept (as if added one by one). An ``"index"`` key is ignored.
 
+        With ``num_envs > 1``: ``T`` steps of every env, time-major (as a rollout is collected): a
+        ``TensorDict`` of batch size ``[T, num_envs]`` or a mapping of values of shape
+        ``[T, num_envs, ...]``; they are stored as ``T`` calls of :meth:`add` would store them.
+
         Raises:
             SchemaError: keys, per-row shapes or dtypes differ from the stored schema, or keys disagree
-                on ``N`` (nothing is stored).
-            InvalidArgumentError: a TensorDict whose batch size is not 1-D, or a non-mapping.
+                on ``N`` (nothing is stored); with ``num_envs > 1``, a value without the ``num_envs`` dimension.
+            InvalidArgumentError: a TensorDict whose batch size is not 1-D (2-D with ``num_envs > 1``),
+                or a non-mapping.
         """
         self._add_batch(batch)
 
-    def _add_batch(self, batch: Transition) -> tuple[int, int]:
+    def _add_batch(self, batch: Transition, rows: bool = False) -> tuple[int, int]:
         """:meth:`add_batch`; returns ``(start, kept)``: the rows kept went to slots ``start, start+1, ...``
-        (mod ``buffer_size``), ``kept`` of them (0 for an empty batch)."""
+        (mod ``buffer_size``), ``kept`` of them (0 for an empty batch). ``rows``: ``batch`` is already
+        ``[N]`` rows, even with ``num_envs > 1``."""
+        if self.num_envs > 1 and not rows:
+            batch = flatten_steps(batch, self.num_envs)
         fast = self._storage.fast
         if fast is not None:
             n = fast.write_batch(batch, self.pointer, self.buffer_size)
@@ -459,7 +503,8 @@ class ReplayBuffer:
                 early at an episode end (a truncation stops it but is not a termination) and at the
                 newest row. Key names: ``transition_keys``. See :mod:`objectrl_buffer.sampling.nstep`.
             gamma: the n-step discount, in ``[0, 1]`` (unused when ``n_step == 1``).
-            recent: draw only from the newest ``recent`` rows (all rows if fewer are stored).
+            recent: draw only from the newest ``recent`` rows (all rows if fewer are stored); with
+                ``num_envs > 1`` rounded up to whole env steps.
 
         Returns:
             TensorDict of batch size ``[batch_size]`` on ``device``, with ``"index"`` (slots).
@@ -475,7 +520,7 @@ class ReplayBuffer:
             self._require_rows()
             return self._read(uniform_slots(self.data_size, k, self.generator))
         n, g = check_n_step(n_step, gamma)
-        window = None if recent is None else _positive_int(recent, "recent")
+        window = None if recent is None else whole_steps(_positive_int(recent, "recent"), self.num_envs)
         self._require_rows()
         if window is None and not self._phantom:
             slots = uniform_slots(self.data_size, k, self.generator)
@@ -490,7 +535,15 @@ class ReplayBuffer:
             return self._read(slots)
         columns = self._storage.columns
         targets = n_step_targets(
-            columns, slots, self.pointer, self._held, self.buffer_size, n_step, gamma, self.transition_keys
+            columns,
+            slots,
+            self.pointer,
+            self._held,
+            self.buffer_size,
+            n_step,
+            gamma,
+            self.transition_keys,
+            stride=self.num_envs,
         )
         batch = self._read(slots, [key for key in columns if key not in targets])
         for key, value in targets.items():
@@ -545,6 +598,7 @@ class ReplayBuffer:
     ) -> TensorDict:
         """``num_slices`` runs of ``slice_len`` consecutive transitions, each inside one episode.
 
+        With ``num_envs > 1`` a slice is consecutive steps of one env (slots ``s, s + num_envs, ...``).
         A slice never crosses an episode end (a row with a non-zero ``terminated`` or ``truncated``,
         or ``done_key`` if given; the end row itself may be a slice's last row) nor the write head
         (the seam between the newest and the oldest row). Starts are drawn uniformly with replacement
@@ -558,7 +612,7 @@ class ReplayBuffer:
 
         Raises:
             InvalidArgumentError: ``num_slices`` or ``slice_len`` is not a positive int, or
-                ``slice_len > buffer_size``.
+                ``slice_len > buffer_size // num_envs`` (the steps one env holds).
             EmptyBufferError: the buffer holds no rows, or no slice fits (the message names the
                 longest stored episode segment).
             SchemaError: an episode-end key is not stored.
@@ -568,13 +622,16 @@ class ReplayBuffer:
         """
         k = _positive_int(num_slices, "num_slices")
         length = _positive_int(slice_len, "slice_len")
-        if length > self.buffer_size:
-            raise InvalidArgumentError(f"slice_len {length} is larger than the buffer ({self.buffer_size} rows)")
+        if length > self.buffer_size // self.num_envs:
+            per_env = "" if self.num_envs == 1 else f" per env, num_envs={self.num_envs}"
+            raise InvalidArgumentError(
+                f"slice_len {length} is larger than the buffer ({self.buffer_size // self.num_envs} rows{per_env})"
+            )
         self._require_rows()
         columns = self._storage.columns
         end_keys = self.transition_keys.episode_end if done_key is None else (done_key,)
         require_keys(columns, end_keys, "sample_slices")
-        rows = StoredRows(columns, end_keys, self.pointer, self._held, self.buffer_size)
+        rows = StoredRows(columns, end_keys, self.pointer, self._held, self.buffer_size, self.num_envs)
         positions, mask = slice_positions(rows, k, length, pad, self.generator)
         batch = self._read(rows.slots(positions.reshape(-1))).reshape(k, length)
         return pad_slices(batch, mask.to(self.device), INDEX_KEY) if pad else batch
@@ -582,11 +639,18 @@ class ReplayBuffer:
     def sample_all(self) -> TensorDict:
         """Every stored row, oldest to newest (also after the ring wraps), with ``"index"`` (slots).
 
+        Returns:
+            TensorDict of batch size ``[len]``; with ``num_envs > 1``, ``[T, num_envs]`` (``T = len //
+            num_envs`` steps, oldest first; column ``e`` is env ``e``'s stream), ready for a backward
+            GAE pass over the time dimension.
+
         Raises:
             EmptyBufferError: the buffer holds no data.
         """
         self._require_rows()
-        return self._read(chronological_slots(self.pointer, self._held, self.buffer_size, self.storing_device))
+        rows = self._read(chronological_slots(self.pointer, self._held, self.buffer_size, self.storing_device))
+        # slots are time-major (t * num_envs + e) and data_size counts whole steps
+        return rows if self.num_envs == 1 else rows.reshape(-1, self.num_envs)
 
     # ------------------------------------------------------------------ epochs and iterations
     def calculate_num_batches(self, batch_size: int) -> int:
@@ -602,7 +666,8 @@ class ReplayBuffer:
         one of the ``N`` rows exactly once: in slot order, or a fresh permutation per epoch when
         ``shuffle`` (default: the buffer's ``shuffle``). Rows are read when each batch is yielded.
         With ``recent=m`` the epochs cover only the newest ``N = min(m, len)`` rows (oldest first
-        unless shuffled), those stored when the iterator is created.
+        unless shuffled), those stored when the iterator is created; with ``num_envs > 1``, ``m`` is
+        rounded up to whole env steps.
 
         Raises:
             InvalidArgumentError: ``batch_size``, ``n_epochs`` or ``recent`` is not a positive int.
@@ -610,7 +675,7 @@ class ReplayBuffer:
         """
         bs = _positive_int(batch_size, "batch_size")
         epochs = _positive_int(n_epochs, "n_epochs")
-        window = None if recent is None else _positive_int(recent, "recent")
+        window = None if recent is None else whole_steps(_positive_int(recent, "recent"), self.num_envs)
         self._require_rows()
         shuffle = self.shuffle if shuffle is None else shuffle
         rows = None
@@ -661,12 +726,13 @@ class ReplayBuffer:
         ``n_epochs > 0``: builds the epoch iterator and returns ``n_epochs * ceil(N / batch_size)``.
         Otherwise sets ``epoch_iterator = None`` (random sampling) and returns ``max_iter``.
         ``recent=m`` limits both to the newest ``m`` rows (``N = min(m, len)``); it applies to the
-        random batches of :meth:`get_next_batch` until the next call of this method.
+        random batches of :meth:`get_next_batch` until the next call of this method (with
+        ``num_envs > 1`` rounded up to whole env steps).
 
         Raises:
             InvalidArgumentError: ``recent`` is not a positive int (and as :meth:`create_epoch_iterator`).
         """
-        window = None if recent is None else _positive_int(recent, "recent")
+        window = None if recent is None else whole_steps(_positive_int(recent, "recent"), self.num_envs)
         if n_epochs > 0:
             self.create_epoch_iterator(batch_size, n_epochs, shuffle, recent=window)
             self._random_recent = window
@@ -719,8 +785,9 @@ class ReplayBuffer:
         the saved seed instead) and ``shuffle``, onto this buffer's storing device.
         ``verify`` checks every crc32 checksum (``False`` skips that read-time cost).
 
-        A buffer holding rows only loads a checkpoint of the same ``buffer_size`` (and schema); an
-        empty buffer adopts the saved capacity and schema.
+        A buffer holding rows only loads a checkpoint of the same ``buffer_size`` (and schema, and
+        ``num_envs``); an empty buffer adopts the saved capacity, schema and ``num_envs`` (a checkpoint
+        without ``num_envs``, from before it existed, has 1).
 
         Raises:
             CheckpointNotFoundError, CheckpointError: missing, damaged or unsupported checkpoint, or
@@ -744,7 +811,8 @@ class ReplayBuffer:
         ``device``/``storing_device`` default to those recorded at save time when available here,
         else ``"cpu"``. ``kwargs`` go to the constructor (``seed`` is overridden by a saved generator
         state; an explicit ``shuffle`` wins over the saved one; a subclass's saved settings, such as
-        a PrioritizedReplayBuffer's ``alpha``/``beta``/``eps``, are used unless given here).
+        a PrioritizedReplayBuffer's ``alpha``/``beta``/``eps``, are used unless given here; a full
+        checkpoint's ``num_envs`` is always the saved one: a different one given is a :class:`CheckpointError`).
 
         Raises:
             CheckpointNotFoundError, CheckpointError: as :meth:`load`.
@@ -764,9 +832,20 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ checkpoint hooks
     @classmethod
     def _checkpoint_kwargs(cls, ckpt: Checkpoint, given: dict[str, Any]) -> dict[str, Any]:
-        """The constructor keyword arguments of :meth:`from_checkpoint`: those ``given``, plus any a subclass
-        takes from the checkpoint (none here)."""
-        return dict(given)
+        """The constructor keyword arguments of :meth:`from_checkpoint`: those ``given``, plus the saved
+        ``num_envs`` of a full checkpoint and any a subclass takes from the checkpoint.
+
+        Raises:
+            CheckpointError: ``num_envs`` is given and differs from the saved one.
+        """
+        kwargs = dict(given)
+        if ckpt.manifest is not None:  # a metadata-only checkpoint keeps the buffer's num_envs
+            saved = ckpt.manifest.num_envs
+            if kwargs.setdefault("num_envs", saved) != saved:
+                raise CheckpointError(
+                    f"'{ckpt.data_folder}' was saved with num_envs={saved}, not num_envs={given['num_envs']}"
+                )
+        return kwargs
 
     def _checkpoint_state(self) -> BufferState:
         """References to everything a checkpoint holds (nothing is copied)."""
@@ -782,6 +861,7 @@ class ReplayBuffer:
             storing_device=self.storing_device,
             storage_dir=self.storage_dir,
             phantom=self._phantom,
+            num_envs=self.num_envs,
         )
 
     def _check_checkpoint(self, restored: Restored) -> None:
@@ -821,3 +901,4 @@ class ReplayBuffer:
         self.data_size = restored.data_size
         self.pointer = restored.pointer
         self._phantom = phantom
+        self.num_envs = restored.num_envs

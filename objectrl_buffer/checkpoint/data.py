@@ -89,6 +89,7 @@ class BufferState:
     extra_arrays: Mapping[str, torch.Tensor] = field(default_factory=dict)
     extra_values: Mapping[str, ExtraValue] = field(default_factory=dict)
     phantom: int = 0  # the oldest rows counted in data_size that hold no data (after a metadata-only load)
+    num_envs: int = 1
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -173,6 +174,7 @@ def write_data_folder(folder: str, state: BufferState, progress: bool | None = N
         state.storing_device,
         extra_arrays,
         state.extra_values,
+        num_envs=state.num_envs,
     )
     fd = os.open(os.path.join(folder, MANIFEST), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:

@@ -182,6 +182,7 @@ class Restored:
     extra_values: dict[str, ExtraValue] = field(default_factory=dict)
     source: str = ""
     phantom: int = 0  # of a full checkpoint: the oldest counted rows hold no data (never sampled)
+    num_envs: int = 1
 
 
 class Checkpointable(Protocol):
@@ -319,7 +320,9 @@ def load_checkpoint(
     """Validate the checkpoint at ``path``, read it into new storage, then let ``buffer`` adopt it.
 
     Capacity and schema: a buffer that holds rows only loads a checkpoint of its own ``buffer_size``
-    and (for a full checkpoint) its own keys/shapes/dtypes; an empty buffer adopts whatever was saved.
+    and (for a full checkpoint) its own keys/shapes/dtypes and ``num_envs``; an empty buffer adopts
+    whatever was saved. A metadata-only checkpoint keeps the buffer's ``num_envs`` (its counters must
+    be whole env steps of it).
     Everything (rows, extra arrays) is read and checked, and ``buffer._check_checkpoint`` has accepted
     it, before ``buffer._restore_checkpoint`` changes anything.
 
@@ -339,7 +342,12 @@ def load_checkpoint(
         )
     manifest = ckpt.manifest
     if manifest is None or ckpt.data_folder is None:
-        restored = Restored(capacity, size, pointer, source=ckpt.metadata_file)
+        if capacity % state.num_envs or size % state.num_envs or pointer % state.num_envs:
+            raise CheckpointError(
+                f"'{ckpt.metadata_file}' has buffer_size={capacity}, data_size={size}, pointer={pointer}: not "
+                f"whole env steps of this buffer's num_envs={state.num_envs}"
+            )
+        restored = Restored(capacity, size, pointer, source=ckpt.metadata_file, num_envs=state.num_envs)
         buffer._check_checkpoint(restored)
         buffer._restore_checkpoint(restored)
         return
@@ -347,6 +355,11 @@ def load_checkpoint(
         raise CheckpointError(
             f"'{ckpt.data_folder}' holds {manifest.schema!r} but this buffer holds data of {state.schema!r}: "
             "reset() it first, or use ReplayBuffer.from_checkpoint()"
+        )
+    if holds_rows and manifest.num_envs != state.num_envs:
+        raise CheckpointError(
+            f"'{ckpt.data_folder}' was saved with num_envs={manifest.num_envs} but this buffer holds data of "
+            f"num_envs={state.num_envs}: reset() it first, or use ReplayBuffer.from_checkpoint()"
         )
     generator_state = None
     if manifest.generator_device == state.storing_device.type:
@@ -377,6 +390,7 @@ def load_checkpoint(
             extra_values=dict(manifest.extra_values),
             source=ckpt.data_folder,
             phantom=ckpt.meta.get("phantom", 0),
+            num_envs=manifest.num_envs,
         )
         buffer._check_checkpoint(restored)
     except BaseException as exc:

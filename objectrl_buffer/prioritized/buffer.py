@@ -252,7 +252,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     # ------------------------------------------------------------------ writes and lifecycle
     def add(self, transition: Transition) -> None:
-        """As :meth:`ReplayBuffer.add`; the new row gets :attr:`max_priority`."""
+        """As :meth:`ReplayBuffer.add`; the new row (each env's, with ``num_envs > 1``) gets :attr:`max_priority`."""
+        if self.num_envs > 1:
+            start, kept = self._add_env_step(transition)
+            self._give_new_rows_max_priority(torch.arange(start, start + kept, device=self.storing_device))
+            return
         slot = self.pointer
         super().add(transition)
         self._priority[slot] = self._max_priority
@@ -311,7 +315,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Raises:
             CheckpointError: a saved setting that is used is out of range (naming the manifest).
         """
-        kwargs = dict(given)
+        kwargs = super()._checkpoint_kwargs(ckpt, given)
         saved, where = saved_settings(ckpt)
         for name, value in saved.items():
             if name not in given:
