@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_td_equal, fill, objectrl_transition, steps_of
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from tests.support import assert_td_equal, fill, objectrl_transition, steps_of
 
 
 def torch_roundtrip(rb: Any) -> Any:

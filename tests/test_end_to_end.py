@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import OBS_DIM, PPO_KEYS, fill, objectrl_transition, steps_of
 from tensordict import TensorDict
 
 from objectrl_buffer import ReplayBuffer
+from tests.support import OBS_DIM, PPO_KEYS, fill, objectrl_transition, steps_of
 
 Factory = Callable[..., ReplayBuffer]
 

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import assert_unchanged, fill, objectrl_batch, objectrl_transition, snapshot
 from tensordict import TensorDict
 
 from objectrl_buffer import ReplayBuffer, errors
@@ -22,6 +21,7 @@ from objectrl_buffer.errors import (
     SchemaError,
     SlotIndexError,
 )
+from tests.support import assert_unchanged, fill, objectrl_batch, objectrl_transition, snapshot
 
 Factory = Callable[..., ReplayBuffer]
 

@@ -17,10 +17,10 @@ from types import ModuleType
 
 import pytest
 import torch
-from conftest import assert_td_equal
 from tensordict import TensorDict
 
 from objectrl_buffer import ReplayBuffer
+from tests.support import assert_td_equal
 
 pytest.importorskip("gymnasium")
 pytest.importorskip("matplotlib")

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import fill, objectrl_batch, steps_of
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.errors import CheckpointError, EmptyBufferError, SlotIndexError
+from tests.support import fill, objectrl_batch, steps_of
 
 Factory = Callable[..., ReplayBuffer]
 

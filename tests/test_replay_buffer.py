@@ -9,7 +9,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from tensordict import TensorDict
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
+
+from objectrl_buffer import ReplayBuffer
+from objectrl_buffer.errors import EmptyBufferError
+from tests.support import (
     ACT_DIM,
     OBJECTRL_KEYS,
     OBS_DIM,
@@ -19,11 +24,6 @@ from conftest import (
     objectrl_transition,
     steps_of,
 )
-from tensordict import TensorDict
-from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
-
-from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.errors import EmptyBufferError
 
 Factory = Callable[..., ReplayBuffer]
 

@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.errors import CheckpointError, EmptyBufferError, InvalidArgumentError, SchemaError
 from objectrl_buffer.sampling.slices import StoredRows, _all_valid_starts
-from tests.checkpoint_helpers import edit_manifest
+from tests.support import edit_manifest
 
 logging.getLogger("torchrl").setLevel(logging.WARNING)
 

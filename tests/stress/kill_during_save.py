@@ -14,7 +14,7 @@ remain, and no temp files.
 
     python tests/stress/kill_during_save.py --kills 120     # the 100+ run (~2-4 s per kill on 2 cores)
 
-The test suite runs the same code with 22 kills (tests/test_crash_safety.py).
+The test suite runs the same code with 22 kills (tests/checkpoint/test_crash_safety.py).
 """
 
 from __future__ import annotations

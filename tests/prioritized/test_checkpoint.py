@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 import torch
-from checkpoint_helpers import assert_same, data_folder, edit_manifest, fill, round_trip_in_fresh_process, snapshot
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.cli import commands as cli
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
+from tests.support import assert_same, data_folder, edit_manifest, fill_rows, full_snapshot, round_trip_in_fresh_process
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PRIORITY_FILE = "extra-prioritized.priority.bin"
 
 # (capacity, rows added): empty, part-filled, exactly full, wrapped once, wrapped many times, one slot.
@@ -39,10 +39,10 @@ def make(tmp_path: Path, capacity: int, n: int, seed: int = 7, **kwargs: Any) ->
     rb = PrioritizedReplayBuffer("cpu", "cpu", capacity, seed=seed, storage_dir=tmp_path / "storage", **kwargs)
     gen = torch.Generator().manual_seed(seed)
     half = n // 2
-    fill(rb, half)
+    fill_rows(rb, half)
     if half:
         rb.update_priority(torch.arange(len(rb)), torch.rand(len(rb), generator=gen, dtype=torch.float64) * 4)
-    fill(rb, n - half, first=half)
+    fill_rows(rb, n - half, first=half)
     if n:
         slots = torch.randint(len(rb), (3,), generator=gen)
         rb.update_priority(slots, torch.rand(3, generator=gen, dtype=torch.float64) * 2)
@@ -50,9 +50,9 @@ def make(tmp_path: Path, capacity: int, n: int, seed: int = 7, **kwargs: Any) ->
 
 
 def priority_snapshot(rb: PrioritizedReplayBuffer) -> dict[str, Any]:
-    """Rows, counters and generator (``snapshot``), plus the raw priorities and the settings."""
+    """Rows, counters and generator (``full_snapshot``), plus the raw priorities and the settings."""
     return {
-        **snapshot(rb),
+        **full_snapshot(rb),
         "priority": rb.priority_state()["priority"],
         "max_priority": rb.max_priority,
         "settings": (rb.alpha, rb.beta, rb.eps),
@@ -66,7 +66,7 @@ def next_draws(rb: PrioritizedReplayBuffer) -> dict[str, Any]:
         batch = rb.sample_batch(16)
         out[f"batch{i}"] = (batch["index"], batch["weight"], batch["step"])
     rb.update_priority(out["batch0"][0], torch.linspace(0.1, 9.0, 16, dtype=torch.float64))
-    fill(rb, 1, first=1000)
+    fill_rows(rb, 1, first=1000)
     for i in range(3, 5):
         batch = rb.sample_batch(16)
         out[f"batch{i}"] = (batch["index"], batch["weight"], batch["step"])
@@ -107,7 +107,7 @@ def test_round_trip_in_a_fresh_process(tmp_path: Path) -> None:
     round_trip_in_fresh_process(
         tmp_path,
         buffers,
-        helpers="test_prioritized_checkpoint",
+        helpers="tests.prioritized.test_checkpoint",
         snapshot_name="priority_snapshot",
         next_draws_fn=next_draws,
         snapshot_fn=priority_snapshot,
@@ -156,7 +156,7 @@ def test_checkpoint_layout(tmp_path: Path) -> None:
     assert torch.equal(raw, rb.priorities())
 
     plain = ReplayBuffer("cpu", "cpu", 8, storage_dir=tmp_path / "storage")
-    fill(plain, 3)
+    fill_rows(plain, 3)
     plain.save(tmp_path / "plain", data=True)  # a plain buffer's checkpoint is as before: no extras
     assert "extras" not in json.loads(Path(data_folder(tmp_path / "plain"), "manifest.json").read_text())
     assert not [name for name in os.listdir(data_folder(tmp_path / "plain")) if name.startswith("extra")]
@@ -166,21 +166,21 @@ def test_checkpoint_layout(tmp_path: Path) -> None:
 def test_prioritized_checkpoint_into_a_plain_buffer(tmp_path: Path) -> None:
     original = make(tmp_path, 8, 13)
     original.save(tmp_path / "run", data=True)
-    expected = snapshot(original)
+    expected = full_snapshot(original)
 
     plain = ReplayBuffer("cpu", "cpu", 8, storage_dir=tmp_path / "storage")
     plain.load(tmp_path / "run")
     built = ReplayBuffer.from_checkpoint(tmp_path / "run", storage_dir=tmp_path / "storage")
     for rb in (plain, built):
         assert type(rb) is ReplayBuffer
-        assert_same(snapshot(rb), expected)
+        assert_same(full_snapshot(rb), expected)
         keys = list(rb.sample_batch(4).keys())
         assert "weight" not in keys and "index" in keys  # uniform draws: the priorities are ignored
 
 
 def test_plain_checkpoint_into_a_prioritized_buffer_gives_uniform_priorities(tmp_path: Path) -> None:
     plain = ReplayBuffer("cpu", "cpu", 8, seed=3, storage_dir=tmp_path / "storage")
-    fill(plain, 13)
+    fill_rows(plain, 13)
     plain.save(tmp_path / "plain", data=True)
 
     holding = make(tmp_path, 8, 13)  # priorities and max_priority of its own: replaced
@@ -189,7 +189,7 @@ def test_plain_checkpoint_into_a_prioritized_buffer_gives_uniform_priorities(tmp
     built = PrioritizedReplayBuffer.from_checkpoint(tmp_path / "plain", storage_dir=tmp_path / "storage")
     assert (built.alpha, built.beta, built.eps) == (0.6, 0.4, 1e-6)  # the constructor's defaults
     for rb in (holding, built):
-        assert_same(snapshot(rb), snapshot(plain))
+        assert_same(full_snapshot(rb), full_snapshot(plain))
         assert rb.priorities().tolist() == [1.0] * 8 and rb.max_priority == 1.0
         assert bool((rb.sample_batch(32)["weight"] == 1.0).all())
 
@@ -314,7 +314,7 @@ def test_bad_saved_settings_are_refused_by_from_checkpoint(saved: Path, tmp_path
 @pytest.mark.parametrize(("saved_on", "loaded_on"), [("cpu", "cuda"), ("cuda", "cpu"), ("cuda", "cuda")])
 def test_priorities_move_between_storing_devices(tmp_path: Path, saved_on: str, loaded_on: str) -> None:
     rb = PrioritizedReplayBuffer("cuda", saved_on, 8, seed=3, alpha=0.7, storage_dir=tmp_path / "storage")
-    fill(rb, 13)
+    fill_rows(rb, 13)
     rb.update_priority(torch.arange(8), torch.linspace(0.5, 4.0, 8, dtype=torch.float64))
     rb.save(tmp_path / "run", data=True)
     loaded = PrioritizedReplayBuffer.from_checkpoint(tmp_path / "run", storing_device=loaded_on, storage_dir=tmp_path)

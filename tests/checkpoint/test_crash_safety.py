@@ -13,13 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from checkpoint_helpers import assert_same, forkserver, snapshot, tree, version
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.errors import CheckpointError
-
-sys.path.insert(0, str(Path(__file__).parent / "stress"))
-import kill_during_save  # the stress script that runs 100+ kills; its code is shared
+from tests.stress import kill_during_save  # the stress script that runs 100+ kills; its code is shared
+from tests.support import assert_same, forkserver, full_snapshot, tree, version
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forkserver + SIGKILL + RLIMIT_FSIZE: Linux")
 
@@ -59,4 +57,4 @@ def test_a_real_partial_write_fails_cleanly(tmp_path: Path) -> None:
     outcome = report.read_text()
     assert outcome.startswith("CheckpointError") and "File too large" in outcome and str(path) in outcome, outcome
     assert tree(path.parent) == before  # the half-written data folder is gone, the old checkpoint untouched
-    assert_same(snapshot(ReplayBuffer.from_checkpoint(path, storage_dir=storage)), snapshot(old))
+    assert_same(full_snapshot(ReplayBuffer.from_checkpoint(path, storage_dir=storage)), full_snapshot(old))

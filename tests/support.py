@@ -1,7 +1,8 @@
-"""Shared by the checkpoint tests: ObjectRL-like transitions with every dtype, and buffer snapshots.
+"""Helpers shared by the test suite (fixtures live in ``conftest.py``): transitions built the way ObjectRL
+builds them, buffer snapshots, and the checkpoint tests' rows of every dtype.
 
-Every row's values are a function of its row number, so a test can tell exactly which rows a buffer
-holds and in which slots.
+Every row's values are a function of its row number or step, so a test can tell exactly which rows a
+buffer holds and in which slots.
 """
 
 from __future__ import annotations
@@ -11,11 +12,126 @@ import multiprocessing
 import os
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer import ReplayBuffer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+
+
+
+
+
+OBS_DIM = 4
+ACT_DIM = 2
+#: Keys of a transition as ObjectRL's base agent stores it (PPO adds ``PPO_KEYS``).
+OBJECTRL_KEYS = ("state", "action", "reward", "next_state", "terminated", "truncated", "step")
+PPO_KEYS = ("action_logprob", "value", "next_state_value")
+
+
+def objectrl_transition(step: int, storing_device: str | torch.device = "cpu", *, ppo: bool = False) -> TensorDict:
+    """One transition exactly as ObjectRL's ``agent.generate_transition`` builds it.
+
+    ``state``/``action``/``next_state`` are tensors moved to the storing device, ``reward``/``terminated``/
+    ``truncated`` are Python floats, ``step`` a Python int (TensorDict turns them into 0-d tensors).
+    Every value is a function of ``step``, so a stored row can be identified by its ``step``.
+    """
+    state = torch.arange(OBS_DIM, dtype=torch.float32) + step
+    data: dict[str, Any] = {
+        "state": state.to(storing_device),
+        "action": torch.full((ACT_DIM,), step / 10).to(storing_device),
+        "reward": float(step) * 0.5,
+        "next_state": (state + 1).to(storing_device),
+        "terminated": float(step % 7 == 6),
+        "truncated": float(False),
+        "step": int(step),
+    }
+    if ppo:
+        data["action_logprob"] = torch.tensor(-0.01 * step)
+        data["value"] = torch.tensor(0.25 * step)
+        data["next_state_value"] = torch.tensor(0.25 * (step + 1))
+    return TensorDict(data, batch_size=[])
+
+
+def objectrl_batch(start: int, n: int, *, ppo: bool = False) -> TensorDict:
+    """``n`` transitions with steps ``start .. start+n-1`` as one TensorDict of batch size ``[n]``."""
+    rows = [objectrl_transition(start + i, ppo=ppo) for i in range(n)]
+    if not rows:
+        template = objectrl_transition(0, ppo=ppo)
+        return TensorDict({k: v.new_empty((0, *v.shape)) for k, v in template.items()}, batch_size=[0])
+    keys = list(rows[0].keys())  # not `in rows[0]`: iterating a TensorDict walks its batch dimension
+    return TensorDict({k: torch.stack([r[k] for r in rows]) for k in keys}, batch_size=[n])
+
+
+def fill(rb: ReplayBuffer, steps: range | list[int], *, ppo: bool = False) -> None:
+    """``rb.add`` one ObjectRL transition per step."""
+    for step in steps:
+        rb.add(objectrl_transition(step, ppo=ppo))
+
+
+def steps_of(td: TensorDictBase) -> list[int]:
+    """The ``step`` values of a sample, as a list (identifies the rows)."""
+    return td["step"].tolist()
+
+
+def assert_td_equal(actual: TensorDictBase, expected: TensorDictBase) -> None:
+    """Same batch size, same (nested) keys, bit-identical values and dtypes."""
+    assert actual.batch_size == expected.batch_size
+    actual_keys = set(actual.keys(include_nested=True, leaves_only=True))
+    expected_keys = set(expected.keys(include_nested=True, leaves_only=True))
+    assert actual_keys == expected_keys
+    for key in expected_keys:
+        a, e = actual.get(key), expected.get(key)
+        assert a.dtype == e.dtype, key
+        assert torch.equal(a, e), key
+
+
+def snapshot(rb: ReplayBuffer) -> dict[str, Any]:
+    """Everything observable about a buffer, to check that a failed call changed nothing."""
+    visible = rb.data_size > 0 and rb.schema is not None
+    return {
+        "len": len(rb),
+        "size": rb.size,
+        "pointer": rb.pointer,
+        "data_size": rb.data_size,
+        "buffer_size": rb.buffer_size,
+        "schema": rb.schema,
+        "generator": rb.generator.get_state(),
+        "all": rb.sample_all() if visible else None,
+        "slots": rb.sample_by_index(range(rb.data_size)) if visible else None,
+    }
+
+
+def assert_unchanged(rb: ReplayBuffer, before: dict[str, Any]) -> None:
+    after = snapshot(rb)
+    for name in ("len", "size", "pointer", "data_size", "buffer_size", "schema"):
+        assert after[name] == before[name], name
+    assert torch.equal(after["generator"], before["generator"])
+    for name in ("all", "slots"):
+        if before[name] is None:
+            assert after[name] is None
+        else:
+            assert_td_equal(after[name], before[name])
+
+
+def open_fds() -> int:
+    """Open file descriptors of this process."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+
+# ---------------------------------------------------------------- checkpoint tests
+
+
+
+
+
 
 # What ObjectRL transitions carry (state/action/next_state float32, reward as a Python float ->
 # float32, terminated/truncated bool, step int) plus Atari-style uint8 frames and a float64 value.
@@ -57,7 +173,7 @@ def one_row(i: int) -> dict[str, Any]:
     return {**r, "reward": float(r["reward"]), "terminated": bool(r["terminated"]), "step": int(r["step"])}
 
 
-def fill(rb: ReplayBuffer, n: int, first: int = 0) -> None:
+def fill_rows(rb: ReplayBuffer, n: int, first: int = 0) -> None:
     """Add rows ``first .. first+n-1``: single ``add`` calls and batches, mixed (both write paths)."""
     i = first
     while i < first + n:
@@ -70,7 +186,7 @@ def fill(rb: ReplayBuffer, n: int, first: int = 0) -> None:
             i += k
 
 
-def snapshot(rb: ReplayBuffer) -> dict[str, Any]:
+def full_snapshot(rb: ReplayBuffer) -> dict[str, Any]:
     """Everything observable without consuming randomness: counters, rows by slot, sample_all order."""
     out: dict[str, Any] = {
         "len": len(rb),
@@ -157,7 +273,13 @@ def version(storage: str, v: int) -> ReplayBuffer:
 def forkserver() -> Any:
     """A forkserver context whose server has imported torch and the test modules once: a child costs no import."""
     ctx = multiprocessing.get_context("forkserver")
-    preload = ["objectrl_buffer", "checkpoint_helpers", "kill_during_save", "test_crash_safety", "test_crash_points"]
+    preload = [
+        "objectrl_buffer",
+        "tests.support",
+        "tests.stress.kill_during_save",
+        "tests.checkpoint.test_crash_safety",
+        "tests.checkpoint.test_crash_points",
+    ]
     ctx.set_forkserver_preload(preload)
     return ctx
 
@@ -180,9 +302,8 @@ def round_trip_in_fresh_process(
     import subprocess
     import sys
     import textwrap
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO
     cases = {}
     for name, rb in buffers.items():
         path = tmp_path / f"run-{name}"
@@ -205,7 +326,7 @@ def round_trip_in_fresh_process(
             torch.save(got, out)
         """
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests")])}
+    env = {**os.environ, "PYTHONPATH": str(repo)}
     result = subprocess.run(
         [sys.executable, "-c", child, json.dumps(cases), str(tmp_path / "child-storage")],
         cwd=repo,

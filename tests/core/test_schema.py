@@ -7,11 +7,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import objectrl_batch, objectrl_transition
 from tensordict import TensorDict
 
 from objectrl_buffer.core.schema import INDEX_KEY, Field, Schema, format_key, leaves, require_mapping
 from objectrl_buffer.errors import InvalidArgumentError, SchemaError
+from tests.support import objectrl_batch, objectrl_transition
 
 
 def test_infer_from_an_objectrl_transition() -> None:

@@ -11,26 +11,26 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from checkpoint_helpers import (
-    SPEC,
-    assert_same,
-    data_folder,
-    edit_manifest,
-    fill,
-    next_draws,
-    round_trip_in_fresh_process,
-    rows,
-    snapshot,
-    tree,
-)
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.checkpoint.generations import verify_checkpoint, wait_for_cleanup
 from objectrl_buffer.checkpoint.io import interactive, progress_bar
 from objectrl_buffer.checkpoint.manifest import DATA_FORMAT, DATA_FORMAT_VERSION
 from objectrl_buffer.errors import CheckpointError
+from tests.support import (
+    SPEC,
+    assert_same,
+    data_folder,
+    edit_manifest,
+    fill_rows,
+    full_snapshot,
+    next_draws,
+    round_trip_in_fresh_process,
+    rows,
+    tree,
+)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # (capacity, rows added): empty, one row, part-filled, exactly full, wrapped once, wrapped many times.
 SIZES = [(8, 0), (8, 1), (8, 5), (8, 8), (8, 13), (8, 35), (1, 3)]
@@ -38,7 +38,7 @@ SIZES = [(8, 0), (8, 1), (8, 5), (8, 8), (8, 13), (8, 35), (1, 3)]
 
 def make(tmp_path: Path, capacity: int, n: int, seed: int = 7, **kwargs: Any) -> ReplayBuffer:
     rb = ReplayBuffer("cpu", "cpu", capacity, seed=seed, storage_dir=tmp_path / "storage", **kwargs)
-    fill(rb, n)
+    fill_rows(rb, n)
     return rb
 
 
@@ -48,13 +48,13 @@ def test_round_trip_restores_rows_ring_and_next_samples(tmp_path: Path, capacity
     path = tmp_path / "ck" / "run"
     path.parent.mkdir()
     original.save(path, data=True)
-    before = snapshot(original)
+    before = full_snapshot(original)
 
     loaded = ReplayBuffer("cpu", "cpu", capacity, seed=999, storage_dir=tmp_path / "storage")
     loaded.load(path)
-    assert_same(snapshot(loaded), before)
+    assert_same(full_snapshot(loaded), before)
     built = ReplayBuffer.from_checkpoint(path, storage_dir=tmp_path / "storage")
-    assert_same(snapshot(built), before)
+    assert_same(full_snapshot(built), before)
     if n:
         expected = next_draws(original)
         assert_same(next_draws(loaded), expected)
@@ -67,10 +67,10 @@ def test_round_trip_in_a_fresh_process(tmp_path: Path) -> None:
     round_trip_in_fresh_process(
         tmp_path,
         buffers,
-        helpers="checkpoint_helpers",
-        snapshot_name="snapshot",
+        helpers="tests.support",
+        snapshot_name="full_snapshot",
         next_draws_fn=next_draws,
-        snapshot_fn=snapshot,
+        snapshot_fn=full_snapshot,
         cls_name="ReplayBuffer",
     )
 
@@ -93,7 +93,7 @@ def test_every_dtype_and_nested_keys_round_trip_bit_exactly(tmp_path: Path) -> N
     loaded = ReplayBuffer.from_checkpoint(tmp_path / "run", storage_dir=tmp_path / "storage")
     assert loaded.schema == rb.schema
     assert ("obs", "pixels") in loaded.schema.by_key
-    assert_same(snapshot(loaded), snapshot(rb))
+    assert_same(full_snapshot(loaded), full_snapshot(rb))
 
 
 class WithExtras(ReplayBuffer):
@@ -121,12 +121,12 @@ class WithExtras(ReplayBuffer):
 
 def test_extra_arrays_and_values_round_trip(tmp_path: Path) -> None:
     rb = WithExtras("cpu", "cpu", 8, seed=1, storage_dir=tmp_path / "storage")
-    fill(rb, 5)
+    fill_rows(rb, 5)
     rb.save(tmp_path / "run", data=True)
     for verify in (True, False):
         loaded = WithExtras("cpu", "cpu", 8, storage_dir=tmp_path / "storage")
         loaded.load(tmp_path / "run", verify=verify)
-        assert_same(snapshot(loaded), snapshot(rb))
+        assert_same(full_snapshot(loaded), full_snapshot(rb))
         assert_same(dict(loaded.restored.extra_arrays), {k: v.contiguous() for k, v in WithExtras.ARRAYS.items()})
         assert loaded.restored.extra_values == WithExtras.VALUES
         assert all(v.device.type == "cpu" for v in loaded.restored.extra_arrays.values())
@@ -134,7 +134,7 @@ def test_extra_arrays_and_values_round_trip(tmp_path: Path) -> None:
     assert (folder / "extra-a.flags.bin").read_bytes() == bytes([1, 0, 1, 0, 0, 1])
     verify_checkpoint(tmp_path / "run")
     plain = ReplayBuffer.from_checkpoint(tmp_path / "run", storage_dir=tmp_path / "storage")  # ignores the extras
-    assert_same(snapshot(plain), snapshot(rb))
+    assert_same(full_snapshot(plain), full_snapshot(rb))
 
 
 @pytest.mark.parametrize(
@@ -145,7 +145,7 @@ def test_bad_extras_fail_the_save_and_leave_nothing(
     tmp_path: Path, arrays: dict[str, torch.Tensor], values: dict[str, Any], problem: str
 ) -> None:
     rb = WithExtras("cpu", "cpu", 8, seed=1, storage_dir=tmp_path / "storage")
-    fill(rb, 5)
+    fill_rows(rb, 5)
     rb.ARRAYS, rb.VALUES = arrays, values  # type: ignore[misc]  # on the instance only
     with pytest.raises(ValueError, match=problem):
         rb.save(tmp_path / "run", data=True)
@@ -197,7 +197,7 @@ def test_each_save_replaces_the_generation_and_cleans_orphans(tmp_path: Path) ->
         (tmp_path / name).mkdir()
     rb.save(path, data=True)
     first = os.path.basename(data_folder(path))
-    fill(rb, 2, first=5)
+    fill_rows(rb, 2, first=5)
     rb.save(path, data=True)
     wait_for_cleanup()
     second = os.path.basename(data_folder(path))
@@ -216,9 +216,9 @@ def test_loaded_buffer_never_writes_into_the_checkpoint(tmp_path: Path) -> None:
     on_disk = tree(tmp_path / "ck")
     rb = ReplayBuffer.from_checkpoint(path, storage_dir=tmp_path / "storage")
     assert rb.storage_folder is not None and not rb.storage_folder.startswith(str(tmp_path / "ck"))
-    fill(rb, 20, first=100)
+    fill_rows(rb, 20, first=100)
     rb.reset()
-    fill(rb, 3, first=200)
+    fill_rows(rb, 3, first=200)
     rb.close()
     assert tree(tmp_path / "ck") == on_disk
     verify_checkpoint(path)
@@ -227,32 +227,32 @@ def test_loaded_buffer_never_writes_into_the_checkpoint(tmp_path: Path) -> None:
 def test_capacity_and_schema_rules(tmp_path: Path) -> None:
     path = tmp_path / "run"
     make(tmp_path, 8, 13).save(path, data=True)
-    saved = snapshot(ReplayBuffer.from_checkpoint(path, storage_dir=tmp_path / "storage"))
+    saved = full_snapshot(ReplayBuffer.from_checkpoint(path, storage_dir=tmp_path / "storage"))
 
     holding = make(tmp_path, 5, 3)  # holds rows, another capacity: refused, unchanged
-    before = snapshot(holding)
+    before = full_snapshot(holding)
     with pytest.raises(CheckpointError, match=r"buffer_size 8 .* capacity 5"):
         holding.load(path)
-    assert_same(snapshot(holding), before)
+    assert_same(full_snapshot(holding), before)
 
     other_schema = ReplayBuffer("cpu", "cpu", 8, storage_dir=tmp_path / "storage")
     other_schema.add({"obs": torch.zeros(3)})  # same capacity, other keys: refused, unchanged
-    before = snapshot(other_schema)
+    before = full_snapshot(other_schema)
     with pytest.raises(CheckpointError, match="holds Schema"):
         other_schema.load(path)
-    assert_same(snapshot(other_schema), before)
+    assert_same(full_snapshot(other_schema), before)
 
     for empty in (ReplayBuffer("cpu", "cpu", 5, storage_dir=tmp_path / "storage"), holding, other_schema):
         empty.reset()  # an empty buffer adopts the saved capacity and schema
         empty.load(path)
         assert_same(
-            {k: v for k, v in snapshot(empty).items() if k != "generator"},
+            {k: v for k, v in full_snapshot(empty).items() if k != "generator"},
             {k: v for k, v in saved.items() if k != "generator"},
         )
 
     same = make(tmp_path, 8, 2)  # same capacity and schema: contents replaced
     same.load(path)
-    assert_same(snapshot(same)["slots"], saved["slots"])
+    assert_same(full_snapshot(same)["slots"], saved["slots"])
 
 
 def test_load_replaces_iterators_and_shuffle(tmp_path: Path) -> None:
@@ -315,7 +315,7 @@ def test_checkpoint_from_a_cuda_machine_loads_on_cpu(tmp_path: Path) -> None:
         rb = ReplayBuffer.from_checkpoint(path, storage_dir=tmp_path / "storage")
     assert rb.device.type == rb.storing_device.type == "cpu"
     assert rb.generator.initial_seed() == 1234
-    assert_same(snapshot(rb)["slots"], snapshot(original)["slots"])
+    assert_same(full_snapshot(rb)["slots"], full_snapshot(original)["slots"])
 
 
 @pytest.mark.cuda
@@ -323,13 +323,13 @@ def test_checkpoint_from_a_cuda_machine_loads_on_cpu(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("saved_on", "loaded_on"), [("cpu", "cuda"), ("cuda", "cpu"), ("cuda", "cuda")])
 def test_load_onto_another_storing_device(tmp_path: Path, saved_on: str, loaded_on: str) -> None:
     rb = ReplayBuffer("cuda", saved_on, 8, seed=3, storage_dir=tmp_path / "storage")
-    fill(rb, 13)
+    fill_rows(rb, 13)
     rb.save(tmp_path / "run", data=True)
     loaded = ReplayBuffer.from_checkpoint(tmp_path / "run", storing_device=loaded_on, storage_dir=tmp_path / "s")
     assert loaded.storing_device.type == loaded_on
     assert_same(
-        {k: v for k, v in snapshot(loaded).items() if k != "generator"},
-        {k: v for k, v in snapshot(rb).items() if k != "generator"},
+        {k: v for k, v in full_snapshot(loaded).items() if k != "generator"},
+        {k: v for k, v in full_snapshot(rb).items() if k != "generator"},
     )
     if saved_on == loaded_on:
         assert_same(next_draws(loaded), next_draws(rb))

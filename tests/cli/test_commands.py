@@ -9,18 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from checkpoint_helpers import data_folder, fill
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.cli import commands as cli
+from tests.support import data_folder, fill_rows
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def saved(tmp_path: Path) -> Path:
     rb = ReplayBuffer("cpu", "cpu", 8, seed=11, shuffle=True, storage_dir=tmp_path / "storage")
-    fill(rb, 13)
+    fill_rows(rb, 13)
     rb.save(tmp_path / "run", data=True)
     rb.save(tmp_path / "counters")
     return tmp_path / "run"
@@ -65,7 +65,7 @@ def test_inspect_shows_the_extras_of_a_prioritized_checkpoint(
     saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rb = PrioritizedReplayBuffer("cpu", "cpu", 8, alpha=0.5, storage_dir=tmp_path / "storage")
-    fill(rb, 13)
+    fill_rows(rb, 13)
     rb.update_priority([2], [6.5])
     rb.save(tmp_path / "per", data=True)
 

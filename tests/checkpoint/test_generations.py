@@ -10,7 +10,6 @@ from typing import Any, BinaryIO
 
 import pytest
 import torch
-from conftest import fill
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.checkpoint.generations import (
@@ -23,6 +22,7 @@ from objectrl_buffer.checkpoint.generations import (
     save_metadata,
 )
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError, EmptyBufferError
+from tests.support import fill
 
 Factory = Callable[..., ReplayBuffer]
 

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import assert_td_equal, fill, objectrl_batch, steps_of
 from tensordict import TensorDict
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.errors import StaleIteratorError
+from tests.support import assert_td_equal, fill, objectrl_batch, steps_of
 
 Factory = Callable[..., ReplayBuffer]
 

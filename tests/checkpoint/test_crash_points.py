@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from checkpoint_helpers import assert_same, forkserver, snapshot, version
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.checkpoint.generations import wait_for_cleanup
+from tests.support import assert_same, forkserver, full_snapshot, version
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forkserver + SIGKILL: Linux")
 
@@ -51,7 +51,7 @@ def test_every_crash_point_of_a_save(tmp_path: Path) -> None:
     os.makedirs(os.path.dirname(path))
     expected = []
     for v in (0, 1):
-        snap = snapshot(version(storage, v))
+        snap = full_snapshot(version(storage, v))
         expected.append(snap)
     version(storage, 0).save(path, data=True)
     ctx, on_disk, outcomes = forkserver(), 0, []
@@ -60,7 +60,7 @@ def test_every_crash_point_of_a_save(tmp_path: Path) -> None:
         proc.start()
         proc.join()
         with ReplayBuffer.from_checkpoint(path, storage_dir=storage) as rb:
-            loaded = snapshot(rb)
+            loaded = full_snapshot(rb)
         matches = []
         for v in (0, 1):
             try:

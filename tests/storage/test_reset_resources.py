@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from conftest import fill, objectrl_batch, objectrl_transition, open_fds
 from tensordict import TensorDict
 
 from objectrl_buffer import ReplayBuffer
+from tests.support import fill, objectrl_batch, objectrl_transition, open_fds
 
 N_RESETS = 10_000
 N_RESIZES = 1_000

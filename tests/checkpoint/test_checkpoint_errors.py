@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 import torch
-from checkpoint_helpers import assert_same, data_folder, edit_manifest, fill, snapshot, tree
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.checkpoint import data as checkpoint_data
 from objectrl_buffer.checkpoint.generations import wait_for_cleanup
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
+from tests.support import assert_same, data_folder, edit_manifest, fill_rows, full_snapshot, tree
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def saved(tmp_path: Path) -> Path:
     """A full checkpoint at ``<tmp>/ck/run`` of a wrapped buffer (capacity 8, 13 rows added)."""
     (tmp_path / "ck").mkdir()
     rb = ReplayBuffer("cpu", "cpu", 8, seed=1, storage_dir=tmp_path / "storage")
-    fill(rb, 13)
+    fill_rows(rb, 13)
     rb.save(tmp_path / "ck" / "run", data=True)
     rb.close()
     return tmp_path / "ck" / "run"
@@ -41,20 +41,20 @@ def saved(tmp_path: Path) -> Path:
 def target(tmp_path: Path) -> ReplayBuffer:
     """The buffer a bad load is tried on: it holds other rows of the same capacity and schema."""
     rb = ReplayBuffer("cpu", "cpu", 8, seed=5, shuffle=False, storage_dir=tmp_path / "storage")
-    fill(rb, 3, first=500)
+    fill_rows(rb, 3, first=500)
     return rb
 
 
 def refused(rb: ReplayBuffer, path: Path, error: type[Exception], *patterns: str) -> None:
     """``rb.load(path)`` raises ``error`` whose message names ``path`` and each pattern; ``rb`` unchanged."""
-    before = snapshot(rb)
+    before = full_snapshot(rb)
     with pytest.raises(error) as info:
         rb.load(path)
     message = str(info.value)
     assert str(path) in message, message
     for pattern in patterns:
         assert pattern in message, message
-    assert_same(snapshot(rb), before)
+    assert_same(full_snapshot(rb), before)
 
 
 def first_column(path: Path, suffix: str = "-step.bin") -> Path:

@@ -9,11 +9,11 @@ import tempfile
 
 import pytest
 import torch
-from conftest import fill, steps_of
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.errors import ClosedBufferError
 from objectrl_buffer.storage import placement, prefault
+from tests.support import fill, steps_of
 
 
 @pytest.fixture
