@@ -115,6 +115,7 @@ class ReplayBuffer:
         self.epoch_iterator: Iterator[TensorDict] | None = None
         self.transition_keys = TransitionKeys() if transition_keys is None else transition_keys
         self._random_recent: int | None = None  # recency window of get_next_batch's random sampling
+        self._cast_warned: set[Key] = set()  # keys whose tensors were cast/reshaped: CastWarning once each
         self.generator = torch.Generator(device=self.storing_device)
         if seed is None:
             self.generator.seed()
@@ -215,8 +216,13 @@ class ReplayBuffer:
                 one row (tensor, NumPy array or Python number). An ``"index"`` key is ignored.
 
         Raises:
-            SchemaError: keys, shapes or dtypes differ from the stored schema (nothing is stored).
+            SchemaError: keys, shapes or dtypes differ from the stored schema beyond a lossless cast or
+                size-1 reshape (the rule: :mod:`objectrl_buffer.schema`), or a value does not fit its
+                column (nothing is stored).
             InvalidArgumentError: a batched TensorDict (use :meth:`add_batch`) or a non-mapping.
+
+        Warns:
+            CastWarning: once per key per buffer, when a tensor was cast or reshaped to be stored.
         """
         fast = self._storage.fast
         if fast is not None and fast.write_row(transition, self.pointer):
@@ -240,7 +246,7 @@ class ReplayBuffer:
             storage.initialize(schema, values)
             pairs: list[tuple[Any, Any]] = [(schema.by_key[k], v) for k, v in values.items()]
         else:
-            pairs, _ = storage.schema.check(transition, batch_dims=0)
+            pairs, _ = storage.schema.check(transition, batch_dims=0, warned=self._cast_warned)
         storage.write(pointer, pairs)
         self.pointer = pointer + 1 if pointer + 1 < self.buffer_size else 0
         if self.data_size < self.buffer_size:
@@ -255,9 +261,13 @@ class ReplayBuffer:
                 kept (as if added one by one). An ``"index"`` key is ignored.
 
         Raises:
-            SchemaError: keys, per-row shapes or dtypes differ from the stored schema, or keys disagree
-                on ``N`` (nothing is stored).
+            SchemaError: keys, per-row shapes or dtypes differ from the stored schema beyond a lossless
+                cast or size-1 reshape, a value does not fit its column, or keys disagree on ``N``
+                (nothing is stored).
             InvalidArgumentError: a TensorDict whose batch size is not 1-D, or a non-mapping.
+
+        Warns:
+            CastWarning: as :meth:`add`.
         """
         self._add_batch(batch)
 
@@ -285,7 +295,7 @@ class ReplayBuffer:
             storage.initialize(schema, {k: v[0] for k, v in values.items()})
             pairs: list[tuple[Any, Any]] = [(schema.by_key[k], v) for k, v in values.items()]
         else:
-            pairs, n = storage.schema.check(batch, batch_dims=1)
+            pairs, n = storage.schema.check(batch, batch_dims=1, warned=self._cast_warned)
             if n == 0:
                 return self.pointer, 0
         kept = min(n, self.buffer_size)
