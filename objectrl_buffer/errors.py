@@ -17,6 +17,7 @@ __all__ = [
     "ClosedBufferError",
     "CheckpointError",
     "CheckpointNotFoundError",
+    "CastWarning",
 ]
 
 
@@ -61,3 +62,9 @@ class CheckpointError(ReplayBufferError, RuntimeError):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """The checkpoint (its ``.metadata`` file or its data) does not exist."""
+
+
+class CastWarning(UserWarning):
+    """A tensor was stored in a column of another dtype or per-row shape (a lossless cast or a reshape
+    over size-1 dimensions). Issued once per key per buffer; NumPy values and Python numbers, which
+    never carry a column's exact type, are cast without it."""

@@ -145,6 +145,7 @@ class ReplayBuffer:
         self.epoch_iterator: Iterator[TensorDict] | None = None
         self.transition_keys = TransitionKeys() if transition_keys is None else transition_keys
         self._random_recent: int | None = None  # recency window of get_next_batch's random sampling
+        self._cast_warned: set[Key] = set()  # keys whose tensors were cast/reshaped: CastWarning once each
         self.generator = torch.Generator(device=self.storing_device)
         # seed=None follows the global torch seed, as upstream's global sampling does (see seeding.py)
         self.generator.manual_seed(derived_seed() if seed is None else seed)
@@ -303,9 +304,14 @@ class ReplayBuffer:
         ``pointer + e``.
 
         Raises:
-            SchemaError: keys, shapes or dtypes differ from the stored schema, or (``num_envs > 1``) a
-                value's leading dimension is not ``num_envs`` (nothing is stored).
+            SchemaError: keys, shapes or dtypes differ from the stored schema beyond a lossless cast or
+                size-1 reshape (the rule: :mod:`objectrl_buffer.core.schema`), a value does not fit its
+                column, or (``num_envs > 1``) a value's leading dimension is not ``num_envs`` (nothing is
+                stored).
             InvalidArgumentError: a batched TensorDict (use :meth:`add_batch`) or a non-mapping.
+
+        Warns:
+            CastWarning: once per key per buffer, when a tensor was cast or reshaped to be stored.
         """
         if self.num_envs > 1:  # before the fast path, which would take a dict of numbers as one row
             self._add_env_step(transition)
@@ -334,7 +340,7 @@ class ReplayBuffer:
             storage.initialize(schema, values)
             pairs: list[tuple[Any, Any]] = [(schema.by_key[k], v) for k, v in values.items()]
         else:
-            pairs, _ = storage.schema.check(transition, batch_dims=0)
+            pairs, _ = storage.schema.check(transition, batch_dims=0, warned=self._cast_warned)
         storage.write(pointer, pairs)
         self.pointer = pointer + 1 if pointer + 1 < self.buffer_size else 0
         if self.data_size < self.buffer_size:
@@ -360,10 +366,14 @@ class ReplayBuffer:
         ``[T, num_envs, ...]``; they are stored as ``T`` calls of :meth:`add` would store them.
 
         Raises:
-            SchemaError: keys, per-row shapes or dtypes differ from the stored schema, or keys disagree
-                on ``N`` (nothing is stored); with ``num_envs > 1``, a value without the ``num_envs`` dimension.
+            SchemaError: keys, per-row shapes or dtypes differ from the stored schema beyond a lossless
+                cast or size-1 reshape, a value does not fit its column, keys disagree on ``N``, or (with
+                ``num_envs > 1``) a value lacks the ``num_envs`` dimension (nothing is stored).
             InvalidArgumentError: a TensorDict whose batch size is not 1-D (2-D with ``num_envs > 1``),
                 or a non-mapping.
+
+        Warns:
+            CastWarning: as :meth:`add`.
         """
         self._add_batch(batch)
 
@@ -394,7 +404,7 @@ class ReplayBuffer:
             storage.initialize(schema, {k: v[0] for k, v in values.items()})
             pairs: list[tuple[Any, Any]] = [(schema.by_key[k], v) for k, v in values.items()]
         else:
-            pairs, n = storage.schema.check(batch, batch_dims=1)
+            pairs, n = storage.schema.check(batch, batch_dims=1, warned=self._cast_warned)
             if n == 0:
                 return self.pointer, 0
         kept = min(n, self.buffer_size)

@@ -136,3 +136,33 @@ def test_gymnasium_rollout_with_plain_dicts(make_buffer: Factory) -> None:
     assert sample["state"].shape == (32, 4) and sample["state"].dtype == torch.float32
     assert sample["action"].dtype == torch.int64 and set(sample["action"].tolist()) <= {0, 1}
     assert torch.all(sample["reward"] == 1.0)
+
+
+def test_dqn_warm_up_then_policy_actions(make_buffer: Factory) -> None:
+    """ObjectRL's DQN (issue 9): warm-up stores random actions as float32 scalars, its policy then int64 ``[1]``
+    tensors. Upstream's storage casts and reshapes them; so must we, keeping every value, warning once."""
+    from objectrl_buffer.errors import CastWarning
+
+    rb = make_buffer(50, seed=3)
+    warm_up, total, batch_size = 30, 90, 16
+
+    def action_of(step: int) -> int:
+        return (step * 7) % 3  # the discrete action taken at ``step``
+
+    with pytest.warns(CastWarning, match="key 'action'") as record:
+        for step in range(total):
+            transition = objectrl_transition(step)
+            if step < warm_up:  # env.action_space.sample() through torch: a float32 scalar
+                transition["action"] = torch.tensor(float(action_of(step)))
+            else:  # argmax of the Q-network, shape [1], int64
+                transition["action"] = torch.tensor([action_of(step)])
+            rb.add(transition)
+            if step >= warm_up:
+                rb.get_steps_and_iterator(n_epochs=0, max_iter=1, batch_size=batch_size)
+                batch = rb.get_next_batch(batch_size)
+                assert batch["action"].shape == (batch_size,) and batch["action"].dtype == torch.float32
+                assert batch["action"].tolist() == [float(action_of(s)) for s in steps_of(batch)]
+    assert len(record) == 1  # once per key, not once per step
+    assert rb.schema.by_key["action"].shape == () and len(rb) == 50
+    everything = rb.sample_all()
+    assert everything["action"].tolist() == [float(action_of(s)) for s in range(total - 50, total)]

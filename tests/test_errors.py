@@ -45,8 +45,10 @@ def test_error_hierarchy() -> None:
     assert issubclass(errors.CheckpointError, RuntimeError)
     assert issubclass(errors.CheckpointNotFoundError, errors.CheckpointError)
     assert issubclass(errors.CheckpointNotFoundError, FileNotFoundError)
+    assert issubclass(errors.CastWarning, UserWarning)
     for name in errors.__all__:
-        assert issubclass(getattr(errors, name), errors.ReplayBufferError)
+        cls = getattr(errors, name)
+        assert issubclass(cls, UserWarning if name.endswith("Warning") else errors.ReplayBufferError), name
 
 
 # ---------------------------------------------------------------- sizes
@@ -181,8 +183,9 @@ ROW_CASES = {
     "missing": (_edit(ROW, reward=None), "reward.*missing|missing key.*reward"),
     "extra": (_edit(ROW, bonus=torch.tensor(1.0)), "'bonus' is not in the stored schema"),
     "shape": (_edit(ROW, state=torch.zeros(5)), r"'state'.*shape=\(4,\).*shape=\(5,\)"),
-    "dtype-tensor": (_edit(ROW, state=torch.zeros(4, dtype=torch.float64)), "'state'.*float64"),
-    "int-tensor": (_edit(ROW, step=torch.tensor(3, dtype=torch.int32)), "'step'.*int32"),
+    "dtype-tensor": (_edit(ROW, state=torch.zeros(4, dtype=torch.complex64)), "'state'.*complex64"),
+    "float-tensor-into-int": (_edit(ROW, step=torch.tensor(3.0)), "'step'.*float32"),
+    "int-tensor-inexact": (_edit(ROW, reward=torch.tensor(2**24 + 1)), "'reward'.*16777217"),
     "unsafe-cast": (_edit(ROW, step=np.float32(3.0)), "'step'.*int64"),
     "unsafe-cast-array": (_edit(ROW, step=np.array(3.5)), "'step'.*cannot be cast"),
     "python-float-into-int": (_edit(ROW, step=3.0), "'step'.*Python float"),
@@ -192,7 +195,8 @@ BATCH_CASES = {
     "missing": (_edit(BATCH, reward=None), "missing key.*reward"),
     "extra": (_edit(BATCH, bonus=torch.ones(4)), "'bonus' is not in the stored schema"),
     "shape": (_edit(BATCH, state=torch.zeros(4, 5)), r"'state'.*batch shape=\(4, 5\)"),
-    "dtype-tensor": (_edit(BATCH, reward=torch.zeros(4, dtype=torch.float64)), "'reward'.*float64"),
+    "dtype-tensor": (_edit(BATCH, reward=torch.zeros(4, dtype=torch.complex64)), "'reward'.*complex64"),
+    "int-array-inexact": (_edit(BATCH, reward=np.full(4, 2**24 + 1)), "'reward'.*16777217"),
     "unsafe-cast": (_edit(BATCH, step=np.linspace(0, 1, 4)), "'step'.*cannot be cast"),
     "no-batch-dim": (_edit(BATCH, reward=1.0), "'reward'.*batch shape=\\(\\)"),
     "rows-disagree": (_edit(BATCH, step=torch.arange(5)), "'step' has 5 rows but an earlier key has 4"),
@@ -230,7 +234,7 @@ def test_schema_error_midway_through_a_batch_stores_nothing(wrapped: ReplayBuffe
     bad_at = {"first": 0, "middle": len(keys) // 2, "last": len(keys) - 1}[bad_key_position]
     bad_key = keys[bad_at]
     data = {
-        k: (v.to(torch.float64) if v.dtype == torch.float32 else v.to(torch.int32)) if k == bad_key else v
+        k: (v.to(torch.complex64) if v.dtype == torch.float32 else v.to(torch.float32)) if k == bad_key else v
         for k, v in good.items()
     }
     raises_unchanged(wrapped, SchemaError, ValueError, f"'{bad_key}'", lambda: wrapped.add_batch(data))

@@ -4,14 +4,31 @@ The first write fixes the schema. Every later write is checked key by key *befor
 written, so a write that does not fit raises :class:`~objectrl_buffer.errors.SchemaError` and stores
 nothing. The check is a handful of attribute comparisons per key: cheap enough for the per-step path.
 
-Dtype rule: a ``torch.Tensor`` must carry exactly the stored dtype (a silent cast of a tensor usually
-hides a bug). Values without a torch dtype of their own (Python numbers, NumPy arrays and scalars,
-lists) are cast to the stored dtype when NumPy's ``same_kind`` rule allows it (float64 -> float32 yes,
-float -> int no), which is what a gymnasium loop produces.
+Cast rule (the same for tensors, NumPy arrays/scalars, lists and Python numbers), as upstream's torchrl
+storage casts silently but must not lose data here:
+
+* dtype: accepted when ``torch.can_cast(source, stored)`` (same kind or wider: never float -> int, not
+  even 1.0, never anything but bool -> bool, never complex -> real) and, from an integer or bool
+  source, every value survives the cast exactly: into an integer column it must lie in the column's
+  range (int64 -> int32 only within int32's, -1 never into uint8), into a float column it must come
+  back equal and finite (int64 -> float32: all of ``|v| <= 2**24``, beyond that only exact values such
+  as ``2**40``). A float into a narrower float rounds to nearest, as NumPy and torch do (a magnitude
+  beyond the column's range becomes +-inf).
+* shape: the per-row shape may differ from the stored one only by dimensions of size 1 (stored ``()``
+  takes ``[1]``, ``[1]`` takes ``()``, ``[3]`` takes ``[1, 3]``; ``[2, 3]`` never takes ``[3, 2]``).
+  ``add_batch`` applies it to the shape after the leading batch dimension.
+* A tensor that needs a cast or reshape warns once per key per buffer (:class:`CastWarning`). NumPy
+  values and Python numbers never carry the column's exact type (float64 observations into float32),
+  so they are cast or reshaped without a warning. Tensors on the meta device (no data) are refused.
+
+Every value of a write is checked (and converted) before any of it is written, so a refused value
+never leaves half a row behind.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -20,9 +37,23 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from objectrl_buffer.errors import InvalidArgumentError, SchemaError
+from objectrl_buffer.errors import CastWarning, InvalidArgumentError, SchemaError
 
-__all__ = ["Field", "Schema", "Key", "INDEX_KEY", "leaves", "format_key", "require_mapping"]
+__all__ = [
+    "Field",
+    "Schema",
+    "Key",
+    "INDEX_KEY",
+    "leaves",
+    "format_key",
+    "require_mapping",
+    "cast_rule",
+    "exact_ints",
+    "SAME",
+    "UNCHECKED",
+    "CHECK_VALUES",
+    "REFUSED",
+]
 
 #: A key as tensordict spells it: ``"state"`` at the top level, ``("obs", "pixels")`` when nested.
 Key: TypeAlias = str | tuple[str, ...]
@@ -68,12 +99,81 @@ class Field:
         return f"shape={tuple(self.shape)}, dtype={str(self.dtype).removeprefix('torch.')}"
 
 
-def _out_of_range(value: int, dtype: torch.dtype) -> bool:
-    """Whether a Python int does not fit an integer ``dtype`` (floating and bool columns take any int)."""
-    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
-        return False
+#: What :func:`cast_rule` says of a (source, stored) dtype pair.
+SAME, UNCHECKED, CHECK_VALUES, REFUSED = 0, 1, 2, 3
+
+
+def _real(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of one component: float32 for complex64, the dtype itself otherwise."""
+    return dtype.to_real() if dtype.is_complex else dtype
+
+
+def exact_ints(dtype: torch.dtype) -> tuple[int, int]:
+    """``(low, high)``: every integer in this range is held exactly by ``dtype`` (a column of numbers)."""
+    if dtype.is_floating_point or dtype.is_complex:
+        bits = 1 - round(math.log2(torch.finfo(_real(dtype)).eps))  # significand bits, implicit one included
+        return -(2**bits), 2**bits
+    if dtype == torch.bool:
+        return 0, 1
     info = torch.iinfo(dtype)
-    return not info.min <= value <= info.max
+    return int(info.min), int(info.max)
+
+
+def cast_rule(source: torch.dtype, stored: torch.dtype) -> int:
+    """How values of dtype ``source`` may go into a column of dtype ``stored`` (see the module docstring).
+
+    ``SAME``; ``UNCHECKED`` (every value casts: a wider type, or float rounding); ``CHECK_VALUES`` (an
+    integer source whose values must each come back exactly); ``REFUSED`` (float -> int, non-bool ->
+    bool, complex -> real).
+    """
+    if source == stored:
+        return SAME
+    if not torch.can_cast(source, stored):
+        return REFUSED
+    if source.is_floating_point or source.is_complex or source == torch.bool:
+        return UNCHECKED
+    low, high = exact_ints(stored)
+    info = torch.iinfo(source)
+    return UNCHECKED if low <= info.min and info.max <= high else CHECK_VALUES
+
+
+def _int_fits(value: int, dtype: torch.dtype) -> bool:
+    """Whether a Python int is held exactly by a column of ``dtype`` (not bool: an int is no bool)."""
+    low, high = exact_ints(dtype)
+    if low <= value <= high:
+        return True
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return False
+    try:  # beyond the contiguous range some ints (2**40 in float32) are still exact
+        cast = torch.tensor(float(value), dtype=torch.float64).to(_real(dtype)).item()
+    except OverflowError:  # beyond float64 (10**400)
+        return False
+    return math.isfinite(cast) and int(cast) == value
+
+
+def _first_inexact(value: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor | None, Any]:
+    """``value`` cast to ``dtype``, or ``None`` and the first element that does not come back exactly."""
+    cast = value.to(dtype)
+    if dtype.is_floating_point or dtype.is_complex:
+        back = cast.real if cast.is_complex() else cast
+        # not finite: int64 -> float16 -> int64 can land back on int64's minimum
+        bad = (back.to(value.dtype) != value) | ~torch.isfinite(back)
+    else:  # a range check: a round trip misses wraparound both ways (int8 -1 -> uint8 255 -> int8 -1)
+        low, high = exact_ints(dtype)
+        wide = value.to(torch.int64)
+        bad = (wide < low) | (wide > high)
+    if bool(bad.any()):
+        return None, value[bad].flatten()[0].item()
+    return cast, None
+
+
+def _same_meaning(shape: torch.Size, stored: torch.Size) -> bool:
+    """Whether a per-row ``shape`` differs from the ``stored`` one only by dimensions of size 1."""
+    return [d for d in shape if d != 1] == [d for d in stored if d != 1]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _as_tensor(key: Key, value: Any) -> torch.Tensor:
@@ -82,6 +182,11 @@ def _as_tensor(key: Key, value: Any) -> torch.Tensor:
     Raises :class:`SchemaError` naming ``key`` for values torch cannot hold (strings, ragged lists, ...).
     """
     if isinstance(value, torch.Tensor):
+        if value.device.type == "meta" or value.layout != torch.strided:
+            where = (
+                "on the meta device (it holds no data)" if value.device.type == "meta" else f"of layout {value.layout}"
+            )
+            raise SchemaError(f"key '{format_key(key)}': a tensor {where} cannot be stored")
         return value
     if isinstance(value, float):
         return torch.tensor(value, dtype=torch.get_default_dtype())
@@ -140,15 +245,23 @@ class Schema:
         schema._check_batch(values, batch_dims)
         return schema, values
 
-    def check(self, data: TensorDictBase | Mapping[str, Any], batch_dims: int) -> tuple[list[tuple[Field, Any]], int]:
-        """Check a write against the schema.
+    def check(
+        self, data: TensorDictBase | Mapping[str, Any], batch_dims: int, warned: set[Key] | None = None
+    ) -> tuple[list[tuple[Field, Any]], int]:
+        """Check a write against the schema and convert every value to the stored dtype and shape.
 
-        Returns ``(pairs, n)``: each field with the value to write (a tensor, or a Python number for a
-        single row), and the number of rows (1 for ``batch_dims == 0``). Raises :class:`SchemaError`
-        naming the first key that does not fit; nothing is written by this method.
+        Returns ``(pairs, n)``: each field with the value to write (a tensor of the stored dtype and
+        per-row shape, or a Python number that the column holds exactly, for a single row), and the
+        number of rows (1 for ``batch_dims == 0``). Writing the pairs cannot fail, so a write either
+        stores every value or none. Raises :class:`SchemaError` naming the first key that does not fit
+        (the cast rule is in the module docstring); nothing is written by this method.
+
+        ``warned``: the keys this buffer has already warned about; a tensor cast or reshaped for a key
+        not in it issues a :class:`CastWarning` (once the whole write is accepted) and joins it.
         """
         by_key = self.by_key
         pairs: list[tuple[Field, Any]] = []
+        notes: list[tuple[Field, torch.dtype, torch.Size]] = []  # tensors cast or reshaped: warned at the end
         n = -1
         for key, value in leaves(data):
             field = by_key.get(key)
@@ -158,29 +271,17 @@ class Schema:
                     "call reset() before writing a different set of keys"
                 )
             if batch_dims == 0 and isinstance(value, _PY_SCALARS):
-                if field.shape:
-                    raise SchemaError(self._mismatch(field, f"a Python {type(value).__name__}"))
-                if isinstance(value, float) and not (field.dtype.is_floating_point or field.dtype.is_complex):
-                    raise SchemaError(self._mismatch(field, "a Python float"))
-                if field.dtype == torch.bool and not isinstance(value, bool):  # same_kind: int -> bool is unsafe
-                    raise SchemaError(self._mismatch(field, f"a Python {type(value).__name__}"))
-                if type(value) is int and _out_of_range(value, field.dtype):  # else the write fails half-way
-                    raise SchemaError(self._mismatch(field, f"the int {value}, out of range"))
-                pairs.append((field, value))
+                pairs.append((field, self._python_number(field, value)))
                 continue
-            if not isinstance(value, torch.Tensor):
-                value = _as_tensor(key, value)
-                if value.dtype != field.dtype and not torch.can_cast(value.dtype, field.dtype):
-                    raise SchemaError(self._mismatch(field, f"dtype {value.dtype} (cannot be cast safely)"))
-            elif value.dtype != field.dtype:
-                raise SchemaError(self._mismatch(field, f"a tensor of dtype {str(value.dtype).removeprefix('torch.')}"))
-            shape = value.shape
+            is_tensor = isinstance(value, torch.Tensor)
+            tensor = _as_tensor(key, value)
+            shape = tensor.shape
             if batch_dims == 0:
-                if shape != field.shape:
-                    raise SchemaError(self._mismatch(field, f"shape={tuple(shape)}"))
+                rows = shape
             else:
-                if len(shape) < 1 or shape[1:] != field.shape:
+                if len(shape) < 1:
                     raise SchemaError(self._mismatch(field, f"batch shape={tuple(shape)}"))
+                rows = shape[1:]
                 if n < 0:
                     n = shape[0]
                 elif shape[0] != n:
@@ -188,12 +289,77 @@ class Schema:
                         f"key '{format_key(key)}' has {shape[0]} rows but an earlier key has {n}: "
                         "every key of a batch needs the same leading dimension"
                     )
-            pairs.append((field, value))
+            if rows != field.shape and not _same_meaning(rows, field.shape):
+                got = f"shape={tuple(shape)}" if batch_dims == 0 else f"batch shape={tuple(shape)}"
+                raise SchemaError(self._mismatch(field, got))
+            converted = self._convert(field, tensor, is_tensor)
+            if rows != field.shape:
+                converted = converted.reshape((*shape[:batch_dims], *field.shape))
+            if is_tensor and (tensor.dtype != field.dtype or rows != field.shape):
+                notes.append((field, tensor.dtype, rows))
+            pairs.append((field, converted))
         if len(pairs) != len(self.fields):
             given = {f.key for f, _ in pairs}
             missing = [format_key(f.key) for f in self.fields if f.key not in given]
             raise SchemaError(f"write is missing key(s) {missing} of the stored schema {self!r}")
+        if warned is not None:
+            for field, dtype, rows in notes:
+                if field.key not in warned:
+                    warned.add(field.key)
+                    warnings.warn(
+                        f"key '{format_key(field.key)}': a tensor of dtype={_dtype_name(dtype)}, shape={tuple(rows)} "
+                        f"per row is stored as {field.describe()} (cast without loss; warned once per key)",
+                        CastWarning,
+                        stacklevel=3 + batch_dims,
+                    )
         return pairs, (1 if batch_dims == 0 else max(n, 0))
+
+    def _python_number(self, field: Field, value: bool | int | float) -> bool | int | float | torch.Tensor:
+        """A Python number as the column holds it, or :class:`SchemaError` (a single row only)."""
+        dtype = field.dtype
+        kind = type(value).__name__
+        if field.shape.numel() != 1:
+            raise SchemaError(self._mismatch(field, f"a Python {kind}"))
+        if isinstance(value, bool):
+            return value
+        if dtype == torch.bool:  # same_kind: int -> bool is unsafe
+            raise SchemaError(self._mismatch(field, f"a Python {kind}"))
+        if isinstance(value, float):
+            if not (dtype.is_floating_point or dtype.is_complex):
+                raise SchemaError(self._mismatch(field, "a Python float"))
+            limit = torch.finfo(_real(dtype)).max
+            if not -limit <= value <= limit:  # torch refuses to write these; round like a tensor cast
+                return torch.tensor(value, dtype=torch.float64).to(dtype)
+            return value
+        if not _int_fits(value, dtype):  # else the write fails half-way, or rounds the int
+            raise SchemaError(self._mismatch(field, f"the int {value}, which {_dtype_name(dtype)} cannot hold exactly"))
+        if not -(2**63) <= value < 2**63:  # torch writes ints through int64; an exact float beyond it (2**100)
+            return float(value)
+        return value
+
+    def _convert(self, field: Field, tensor: torch.Tensor, is_tensor: bool) -> torch.Tensor:
+        """``tensor`` in the stored dtype (the same object when it already is), or :class:`SchemaError`."""
+        rule = cast_rule(tensor.dtype, field.dtype)
+        if rule == SAME:
+            return tensor
+        what = "a tensor" if is_tensor else "a value"
+        if rule == REFUSED:
+            raise SchemaError(
+                self._mismatch(field, f"{what} of dtype {_dtype_name(tensor.dtype)} (cannot be cast safely)")
+            )
+        tensor = tensor.detach()
+        if rule == UNCHECKED:
+            return tensor.to(field.dtype)
+        cast, bad = _first_inexact(tensor, field.dtype)
+        if cast is None:
+            raise SchemaError(
+                self._mismatch(
+                    field,
+                    f"{what} of dtype {_dtype_name(tensor.dtype)} holding {bad}, "
+                    f"which {_dtype_name(field.dtype)} cannot hold exactly",
+                )
+            )
+        return cast
 
     def _check_batch(self, values: dict[Key, torch.Tensor], batch_dims: int) -> None:
         if batch_dims == 1:

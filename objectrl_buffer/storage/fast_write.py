@@ -9,14 +9,16 @@ comparisons and write it through the NumPy view of the same memory (0.1-0.4 µs 
 
 The fast path only takes inputs it fully understands: a ``dict`` or a plain ``TensorDict`` with exactly
 the stored top-level keys (plus, maybe, the ignored ``"index"``), holding CPU ``torch.Tensor`` values
-of the stored dtype, NumPy arrays or scalars whose dtype the schema rule casts (same rule as
-:meth:`Schema.check`), or Python numbers for 0-d keys (integers within the column's range). Anything
+of the stored dtype and shape, NumPy arrays or scalars of the stored shape whose dtype casts without a
+value check (:func:`~objectrl_buffer.core.schema.cast_rule`: float64 -> float32 yes, int64 -> int32 no), or
+Python numbers for 0-d keys that the column holds exactly (floats within its range). Anything
 else returns "not handled" *before writing* and the caller takes the full path, which stores the same
 bytes or raises the precise error. So a rejected write still leaves the buffer unchanged.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -24,7 +26,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from objectrl_buffer.core.schema import INDEX_KEY, Key, Schema
+from objectrl_buffer.core.schema import INDEX_KEY, SAME, UNCHECKED, Key, Schema, cast_rule, exact_ints
 
 __all__ = ["FastWriter", "numpy_views", "WIDE_ROW_BYTES"]
 
@@ -78,9 +80,12 @@ class FastWriter:
                 scalar = _BOOL
             else:
                 scalar = _INT
-            info = torch.iinfo(field.dtype) if scalar == _INT else None
-            low, high = (info.min, info.max) if info is not None else (0, 1)
-            entries.append((field.key, field.dtype, tuple(field.shape), array, scalar, low, high, {array.dtype: True}))
+            # the Python ints this column holds exactly (bool: 0 and 1), and the floats it holds without inf
+            low, high = exact_ints(field.dtype) if scalar != _NONE else (0, 1)
+            limit = torch.finfo(field.dtype).max if scalar == _FLOAT else math.inf
+            entries.append(
+                (field.key, field.dtype, tuple(field.shape), array, scalar, low, high, limit, {array.dtype: True})
+            )
         self.entries = tuple(entries)
         # the slot's bytes are written last, and only for wide columns: (fd, bytes per row) by column id
         self._wide = {id(arrays[key]): (fd, schema.by_key[key].row_bytes) for key, fd in self.fds.items()}
@@ -134,10 +139,12 @@ class FastWriter:
 
     @staticmethod
     def _castable(cache: dict[np.dtype, bool], np_dtype: np.dtype, dtype: torch.dtype) -> bool:
+        """Whether NumPy values of ``np_dtype`` go into a ``dtype`` column as they are; cached (``False`` too)."""
         ok = cache.get(np_dtype)
         if ok is None:
             source = _torch_dtype(np_dtype)
-            ok = cache[np_dtype] = source is not None and torch.can_cast(source, dtype)
+            # casts that need a look at the values (int64 -> int32) take the checked path
+            ok = cache[np_dtype] = source is not None and cast_rule(source, dtype) in (SAME, UNCHECKED)
         return ok
 
     def write_row(self, data: Any, slot: int) -> bool:
@@ -147,7 +154,7 @@ class FastWriter:
             return False
         values = []
         try:
-            for key, dtype, shape, array, scalar, low, high, casts in self.entries:
+            for key, dtype, shape, array, scalar, low, high, limit, casts in self.entries:
                 value = items[key]
                 kind = type(value)
                 if kind is torch.Tensor:
@@ -155,15 +162,17 @@ class FastWriter:
                         return False
                     value = value.numpy()  # raises for a tensor that needs grad or is not on the CPU
                 elif kind is float:
-                    if scalar != _FLOAT:
+                    if scalar != _FLOAT or value > limit or value < -limit:  # numpy would warn, torch raise
                         return False
                 elif kind is int or kind is bool:
-                    if scalar == _NONE or (scalar == _INT and not low <= value <= high):
+                    if scalar == _NONE or not low <= value <= high:  # beyond: maybe refused, maybe rounded
                         return False
                     if scalar == _BOOL and kind is int:  # same_kind: int -> bool is unsafe
                         return False
                 elif kind is np.ndarray or isinstance(value, np.generic):
-                    if value.shape != shape or not (value.dtype in casts or self._castable(casts, value.dtype, dtype)):
+                    if value.shape != shape or not (
+                        casts.get(value.dtype) or self._castable(casts, value.dtype, dtype)
+                    ):
                         return False
                 else:
                     return False
@@ -190,14 +199,16 @@ class FastWriter:
         values = []
         n = -1
         try:
-            for key, dtype, shape, array, _, _, _, casts in self.entries:
+            for key, dtype, shape, array, _, _, _, _, casts in self.entries:
                 value = items[key]
                 kind = type(value)
                 if kind is torch.Tensor:
                     if value.dtype is not dtype:
                         return -1
                     value = value.numpy()
-                elif kind is not np.ndarray or not (value.dtype in casts or self._castable(casts, value.dtype, dtype)):
+                elif kind is not np.ndarray or not (
+                    casts.get(value.dtype) or self._castable(casts, value.dtype, dtype)
+                ):
                     return -1
                 rows = value.shape
                 if len(rows) != len(shape) + 1 or rows[1:] != shape or (n >= 0 and rows[0] != n):

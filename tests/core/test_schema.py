@@ -115,8 +115,12 @@ def test_check_returns_pairs_in_any_key_order(schema: Schema) -> None:
         ({"done": np.bool_(True)}, True),
         ({"u8": np.ones(2, np.int64)}, True),  # int64 -> uint8: same kind
         ({"u8": np.ones(2, np.float32)}, False),
-        ({"x": torch.ones(2, dtype=torch.float64)}, False),  # tensors need the exact dtype
-        ({"n": torch.tensor(2, dtype=torch.int32)}, False),
+        ({"x": torch.ones(2, dtype=torch.float64)}, True),  # tensors too cast when nothing is lost
+        ({"n": torch.tensor(2, dtype=torch.int32)}, True),
+        ({"n": torch.tensor(2.0)}, False),  # float -> int, even 2.0
+        ({"x": torch.ones(2, dtype=torch.complex64)}, False),  # complex -> real
+        ({"x": torch.ones(1, 2)}, True),  # differs by a size-1 dimension
+        ({"x": torch.ones(2, 1)}, True),
         ({"x": torch.ones(3)}, False),
     ],
 )

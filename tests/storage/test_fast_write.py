@@ -138,6 +138,7 @@ def outcome(fn: object) -> type[BaseException] | None:
     return None
 
 
+@pytest.mark.filterwarnings("ignore::objectrl_buffer.errors.CastWarning")  # tensors of other dtypes are cast
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS)
 def test_fast_path_matches_checked_path(ops: list[tuple[str, object]]) -> None:
@@ -221,11 +222,13 @@ def test_rejected_write_changes_nothing(rb: ReplayBuffer) -> None:
     bad_rows = [
         {"state": torch.ones(3), "action": 2**70, "flag": True, "reward": 1.0},  # int64 overflow
         {"state": torch.ones(3), "action": 1, "flag": True, "reward": 1.0, "extra": 1},
-        {"state": torch.ones(3, dtype=torch.float64), "action": 1, "flag": True, "reward": 1.0},
+        {"state": torch.ones(3, dtype=torch.complex64), "action": 1, "flag": True, "reward": 1.0},
+        {"state": torch.full((3,), 2**24 + 1), "action": 1, "flag": True, "reward": 1.0},  # inexact in float32
         {"state": torch.ones(3), "action": 1.5, "flag": True, "reward": 1.0},
+        {"state": torch.ones(3), "action": 1, "flag": True, "reward": 10**400},  # used to tear the row
     ]
     for bad in bad_rows:
-        with pytest.raises((SchemaError, RuntimeError, OverflowError)):
+        with pytest.raises(SchemaError):
             rb.add(bad)
         now = state(rb)
         assert now[:2] == before[:2]
