@@ -332,13 +332,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     # ------------------------------------------------------------------ sampling
     def sample_batch(
-        self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, recent: int | None = None
+        self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
     ) -> TensorDict:
         """``batch_size`` rows drawn with replacement, row ``i`` with probability ``P(i)``.
 
         Args:
             batch_size: rows to draw (> 0).
-            n_step, gamma: n-step targets, as :meth:`ReplayBuffer.sample_batch`.
+            n_step, gamma: n-step targets, as :meth:`ReplayBuffer.sample_batch` (``discount`` whenever
+                ``n_step`` is given, 1 included).
             recent: not supported with prioritized draws (must be ``None``).
 
         Returns:
@@ -356,7 +357,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 "recent= is not supported by PrioritizedReplayBuffer.sample_batch: priorities already decide "
                 "which rows are drawn (use a ReplayBuffer for a recency window)"
             )
-        n, g = (1, 0.0) if n_step == 1 else check_n_step(n_step, gamma)
+        n, g = (None, 0.0) if n_step is None else check_n_step(n_step, gamma)
         self._require_rows()
         if self._eps == 0 and not self._index.total() > 0:  # total() syncs: only eps == 0 can make it 0
             raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")

@@ -366,18 +366,20 @@ class ReplayBuffer:
         return slots
 
     def sample_batch(
-        self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, recent: int | None = None
+        self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
     ) -> TensorDict:
         """``batch_size`` rows drawn uniformly with replacement (``batch_size > len`` is fine).
 
         Args:
             batch_size: rows to draw (> 0).
-            n_step: with ``n > 1``, ``reward`` becomes the discounted sum of up to ``n`` rewards from
-                each drawn row on, ``next_state``/``terminated``/``truncated`` come from the row the sum
-                stopped at, and a ``discount`` key holds ``gamma ** steps`` (float32). The sum stops
-                early at an episode end (a truncation stops it but is not a termination) and at the
-                newest row. Key names: ``transition_keys``. See :mod:`objectrl_buffer.nstep`.
-            gamma: the n-step discount, in ``[0, 1]`` (unused when ``n_step == 1``).
+            n_step: when given (any ``n >= 1``, 1 included), ``reward`` becomes the discounted sum of
+                up to ``n`` rewards from each drawn row on, ``next_state``/``terminated``/``truncated``
+                come from the row the sum stopped at, and a ``discount`` key holds ``gamma ** steps``
+                (float32; ``gamma`` on every row at ``n = 1``). The sum stops early at an episode end
+                (a truncation stops it but is not a termination) and at the newest row. Key names:
+                ``transition_keys``. See :mod:`objectrl_buffer.nstep`. ``None`` (default): the
+                stored rows as they are, no ``discount``.
+            gamma: the n-step discount, in ``[0, 1]`` (unused when ``n_step`` is not given).
             recent: draw only from the newest ``recent`` rows (all rows if fewer are stored).
 
         Returns:
@@ -390,10 +392,10 @@ class ReplayBuffer:
             SchemaError: n-step sampling needs a key that is not stored.
         """
         k = _positive_int(batch_size, "batch_size")
-        if n_step == 1 and recent is None:  # the per-gradient-step path: nothing else to decide
+        if n_step is None and recent is None:  # the per-gradient-step path: nothing else to decide
             self._require_rows()
             return self._read(uniform_slots(self.data_size, k, self.generator))
-        n, g = check_n_step(n_step, gamma)
+        n, g = (None, 0.0) if n_step is None else check_n_step(n_step, gamma)
         window = None if recent is None else _positive_int(recent, "recent")
         self._require_rows()
         if window is None:
@@ -402,9 +404,9 @@ class ReplayBuffer:
             slots = recent_slots(self.pointer, self.data_size, self.buffer_size, window, k, self.generator)
         return self._read_transitions(slots, n, g)
 
-    def _read_transitions(self, slots: torch.Tensor, n_step: int, gamma: float) -> TensorDict:
-        """:meth:`_read`, with the n-step keys replaced when ``n_step > 1``."""
-        if n_step == 1:
+    def _read_transitions(self, slots: torch.Tensor, n_step: int | None, gamma: float) -> TensorDict:
+        """:meth:`_read`, with the n-step keys replaced and ``discount`` added when ``n_step`` is given."""
+        if n_step is None:
             return self._read(slots)
         columns = self._storage.columns
         targets = n_step_targets(
