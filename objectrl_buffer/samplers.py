@@ -10,7 +10,15 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["num_batches", "uniform_slots", "chronological_slots", "epoch_slots", "recent_slots", "window_slots"]
+__all__ = [
+    "num_batches",
+    "uniform_slots",
+    "chronological_slots",
+    "epoch_slots",
+    "recent_slots",
+    "window_slots",
+    "window_ranges",
+]
 
 
 def num_batches(n_rows: int, batch_size: int) -> int:
@@ -61,3 +69,16 @@ def recent_slots(
 def window_slots(pointer: int, size: int, capacity: int, window: int, device: torch.device) -> torch.Tensor:
     """Slots of the newest ``min(window, size)`` rows, oldest first."""
     return chronological_slots(pointer, min(window, size), capacity, device)
+
+
+def window_ranges(pointer: int, size: int, capacity: int, window: int) -> list[tuple[int, int]]:
+    """The newest ``min(window, size)`` rows as contiguous slot ranges ``[start, stop)``, oldest first.
+
+    One range, or two when the window runs past the end of the ring (``[start, capacity)`` then
+    ``[0, pointer)``). Needs ``size >= 1``.
+    """
+    count = min(window, size)
+    start = (pointer - count) % capacity
+    if start + count <= capacity:
+        return [(start, start + count)]
+    return [(start, capacity), (0, start + count - capacity)]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from objectrl_buffer.samplers import chronological_slots, epoch_slots, num_batches, uniform_slots
+from objectrl_buffer.samplers import chronological_slots, epoch_slots, num_batches, uniform_slots, window_ranges
 
 
 def ring_states(max_capacity: int) -> list[tuple[int, int, int]]:
@@ -92,3 +92,13 @@ def test_epoch_slots_unshuffled_does_not_consume_randomness() -> None:
     state = gen.get_state()
     list(epoch_slots(20, 6, False, gen))
     assert torch.equal(gen.get_state(), state)
+
+
+@pytest.mark.parametrize(("pointer", "size", "capacity"), [s for s in ring_states(7) if s[1]])
+def test_window_ranges_cover_the_newest_rows_oldest_first(pointer: int, size: int, capacity: int) -> None:
+    """One or two contiguous slot ranges, together exactly the newest min(window, size) rows in age order."""
+    for window in range(1, capacity + 3):
+        ranges = window_ranges(pointer, size, capacity, window)
+        assert 1 <= len(ranges) <= 2 and all(0 <= lo < hi <= capacity for lo, hi in ranges)
+        slots = [s for lo, hi in ranges for s in range(lo, hi)]
+        assert slots == reference_chronological(pointer, size, capacity)[-window:]
