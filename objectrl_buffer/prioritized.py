@@ -2,7 +2,8 @@
 
 Everything of :class:`~objectrl_buffer.ReplayBuffer` (adds, epochs, slices, save/load) works unchanged;
 ``sample_batch`` (and so ``get_next_batch`` without an epoch iterator) draws in proportion to
-priorities and adds importance weights.
+priorities and adds importance weights, also over a recency window (``recent=m``: the newest ``m``
+rows, probabilities renormalised over them).
 
 Conventions (each one a choice among the published ones, stated here once):
 
@@ -41,6 +42,7 @@ from objectrl_buffer.nstep import check_n_step
 from objectrl_buffer.prioritized_checkpoint import priority_extras, saved_priorities, saved_settings
 from objectrl_buffer.priority_index import Backend, PriorityIndex, check_backend, make_priority_index
 from objectrl_buffer.replay_buffer import ReplayBuffer, Slots, Transition, _positive_int
+from objectrl_buffer.samplers import window_ranges
 
 __all__ = ["PrioritizedReplayBuffer", "WEIGHT_KEY"]
 
@@ -340,7 +342,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             batch_size: rows to draw (> 0).
             n_step, gamma: n-step targets, as :meth:`ReplayBuffer.sample_batch` (``discount`` whenever
                 ``n_step`` is given, 1 included).
-            recent: not supported with prioritized draws (must be ``None``).
+            recent: draw only from the newest ``N = min(recent, len)`` rows, with ``P(i)`` (and so the
+                weights) renormalised over them: ``(p_i + eps)^alpha / sum_{j in window} (p_j + eps)^alpha``.
+                ``O(k log N)`` with our tree; ``O(N)`` per call with torchrl's sampler, which cannot
+                restrict its draws.
 
         Returns:
             TensorDict of batch size ``[batch_size]`` on ``device`` with the stored keys, ``"index"``
@@ -348,20 +353,24 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             ``(P(i) / min_batch P)^-beta``, at most 1.
 
         Raises:
-            EmptyBufferError: no rows, or every live row has weight 0 (``eps == 0``).
-            InvalidArgumentError: a bad ``batch_size``, ``n_step`` or ``gamma``, or ``recent`` given.
+            EmptyBufferError: no rows, or every row that may be drawn has weight 0 (``eps == 0``).
+            InvalidArgumentError: a bad ``batch_size``, ``n_step``, ``gamma`` or ``recent``.
         """
         k = _positive_int(batch_size, "batch_size")
-        if recent is not None:
-            raise InvalidArgumentError(
-                "recent= is not supported by PrioritizedReplayBuffer.sample_batch: priorities already decide "
-                "which rows are drawn (use a ReplayBuffer for a recency window)"
-            )
+        window = None if recent is None else _positive_int(recent, "recent")
         n, g = (None, 0.0) if n_step is None else check_n_step(n_step, gamma)
         self._require_rows()
-        if self._eps == 0 and not self._index.total() > 0:  # total() syncs: only eps == 0 can make it 0
-            raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")
-        slots = self._index.draw(k, self.data_size, self.generator)
+        if window is None or window >= self.data_size:
+            if self._eps == 0 and not self._index.total() > 0:  # total() syncs: only eps == 0 can make it 0
+                raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")
+            slots = self._index.draw(k, self.data_size, self.generator)
+        else:
+            ranges = window_ranges(self.pointer, self.data_size, self.buffer_size, window)
+            if self._eps == 0 and not self._index.window_total(ranges, self._priority) > 0:
+                raise EmptyBufferError(
+                    f"every one of the newest {window} rows has priority 0 (with eps=0): no row can be drawn"
+                )
+            slots = self._index.draw_window(k, ranges, self._priority, self.generator)
         batch = self._read_transitions(slots, n, g)
         batch.set(WEIGHT_KEY, self._to_device(self.importance_weights(slots)))
         return batch

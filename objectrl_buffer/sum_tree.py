@@ -165,13 +165,13 @@ class SumTree:
                 spans += [(number, node << (shift * level), level, node) for node in range(up_hi << shift, hi)]
                 lo, hi = up_lo, up_hi
         spans.sort()
-        level = torch.tensor([s[2] for s in spans], dtype=torch.int64, device=self.device)
-        node = torch.tensor([s[3] for s in spans], dtype=torch.int64, device=self.device)
+        levels = torch.tensor([s[2] for s in spans], dtype=torch.int64, device=self.device)
+        nodes = torch.tensor([s[3] for s in spans], dtype=torch.int64, device=self.device)
         mass = torch.zeros(len(spans), dtype=self.dtype, device=self.device)
         for j in sorted({s[2] for s in spans}):
-            at = level == j
-            mass[at] = self.levels[j].index_select(0, node[at])
-        return level, node, mass.cumsum(0)
+            at = levels == j
+            mass[at] = self.levels[j].index_select(0, nodes[at])
+        return levels, nodes, mass.cumsum(0)
 
     def total_in(self, ranges: Sequence[tuple[int, int]]) -> torch.Tensor:
         """Sum of the weights of the slots in ``ranges`` (disjoint ``[start, stop)``), a 0-d tensor."""
@@ -191,9 +191,17 @@ class SumTree:
     ) -> torch.Tensor:
         b, shift = self.branching, self._shift
         zero = torch.zeros((), dtype=self.dtype, device=self.device)
-        # Which covering node: the same strict clamp as find(), so a node of mass 0 is never chosen.
+        # Which covering node: the first whose cumulative mass passes the mass, with the same strict clamp
+        # as find(), so a node of mass 0 is never chosen. In two steps of at most B columns (a group of B
+        # nodes, then the node in it): one [k, c] comparison of a few hundred nodes would cross torch's
+        # parallel grain and stall for milliseconds when the cores are busy.
         remaining = torch.minimum(mass.to(self.dtype), torch.nextafter(cumulative[-1], zero))
-        choice = (cumulative.unsqueeze(0) <= remaining.unsqueeze(1)).sum(1)
+        groups = -(-cumulative.numel() // b)
+        fill = cumulative[-1:].expand(groups * b - cumulative.numel())  # mass-0 padding (no host sync)
+        padded = torch.cat([cumulative, fill]).view(groups, b)
+        group = (padded[:, -1].unsqueeze(0) <= remaining.unsqueeze(1)).sum(1)
+        within = (padded.index_select(0, group) <= remaining.unsqueeze(1)).sum(1)
+        choice = group * b + within
         remaining = remaining - torch.nn.functional.pad(cumulative, (1, 0)).index_select(0, choice)
         start_level, node = level.index_select(0, choice), node.index_select(0, choice)
         for j in range(len(self.levels) - 2, -1, -1):  # step from level j + 1 into level j

@@ -151,9 +151,8 @@ def test_n_step_one_given_returns_discount_and_plain_sampling_is_unchanged(tmp_p
     assert one["discount"].dtype == torch.float32 and one["discount"].shape == (64,)
     assert torch.equal(one["discount"], torch.full((64,), 0.7, dtype=torch.float32))
     assert torch.equal(buffers[0].generator.get_state(), buffers[1].generator.get_state())
-    if not prioritized:
-        assert "discount" in buffers[0].sample_batch(8, n_step=1, recent=3)
-        assert "discount" not in buffers[0].sample_batch(8, recent=3)
+    assert "discount" in buffers[0].sample_batch(8, n_step=1, recent=3)
+    assert "discount" not in buffers[0].sample_batch(8, recent=3)
 
 
 def test_configurable_keys_and_nested_rewards(tmp_path: Any) -> None:

@@ -427,3 +427,112 @@ def test_add_batch_gives_max_priority_to_exactly_the_rows_written_whatever_the_i
         rb.add_batch({"step": torch.arange(2), "reward": torch.ones(3)})  # rows disagree: nothing written
     assert rb.priority_state()["priority"].tolist() == [4.0, 0.25, 4.0, 4.0, 4.0] and rb.pointer == 1
     assert_draws_follow_priorities(rb)
+
+
+# ---------------------------------------------------------------------------------------- recency window
+def window_reference(rb: PrioritizedReplayBuffer, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slots of the newest ``min(m, len)`` rows and their probabilities, renormalised over the window (NumPy)."""
+    size, capacity, pointer = len(rb), rb.buffer_size, rb.pointer
+    count = min(m, size)
+    slots = np.array([(pointer - count + j) % capacity for j in range(count)])
+    weight = (rb.priorities().numpy()[slots] + rb.eps) ** rb.alpha
+    return slots, weight / weight.sum()
+
+
+def check_window_batch(rb: PrioritizedReplayBuffer, batch: Any, m: int) -> None:
+    """Only window slots; weights (N_w P(i))^-beta / max over the batch, P renormalised over the window."""
+    slots, probability = window_reference(rb, m)
+    p_of = dict(zip(slots.tolist(), probability.tolist(), strict=True))
+    drawn = batch["index"].tolist()
+    assert set(drawn) <= set(p_of)
+    raw = np.array([(len(slots) * p_of[s]) ** -rb.beta for s in drawn])
+    expected = torch.tensor(raw / raw.max(), dtype=torch.float32)
+    assert batch["weight"].dtype == torch.float32
+    torch.testing.assert_close(batch["weight"], expected, rtol=2e-6, atol=0.0)
+    assert float(batch["weight"].max()) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("capacity", "rows", "m"),
+    [(40, 40, 15), (30, 75, 20), (30, 75, 12), (40, 25, 100), (40, 40, 1), (1000, 2500, 600)],
+    ids=["full", "across-the-ring-end", "before-the-pointer", "window-past-size", "one-row", "deep-tree"],
+)
+@pytest.mark.parametrize("backend", ["torch", "torchrl"])
+def test_recent_window_draws_follow_priorities_renormalised_over_the_window(
+    tmp_path: Any, request: pytest.FixtureRequest, backend: str, capacity: int, rows: int, m: int
+) -> None:
+    """Chi-square over 1e5 draws against (p_i + eps)^alpha / sum over the newest m rows; exact weights."""
+    if backend == "torchrl":
+        request.getfixturevalue("fake_torchrl_trees")  # torchrl's sampler cannot restrict: the fallback path
+    rb = make(tmp_path, capacity, rows, alpha=0.7, beta=0.6, backend=backend)
+    rb.update_priority(torch.arange(len(rb)), random_priorities(len(rb), 11))
+    rb.add_batch({"step": torch.arange(3) + rows, "reward": torch.ones(3)})  # new rows at max priority
+    assert rb.backend == backend
+    slots, probability = window_reference(rb, m)
+    batch = rb.sample_batch(DRAWS, recent=m)
+    counts = torch.bincount(batch["index"], minlength=capacity)
+    assert int(counts[slots].sum()) == DRAWS  # nothing outside the window
+    if len(slots) > 1:
+        assert chi_square(counts[slots], torch.from_numpy(probability)) < chi_square_limit(len(slots) - 1)
+    check_window_batch(rb, rb.sample_batch(256, recent=m), m)
+    if m >= len(rb):  # a window holding every row draws exactly as no window
+        state = rb.generator.get_state()
+        whole = rb.sample_batch(64)
+        rb.generator.set_state(state)
+        assert torch.equal(rb.sample_batch(64, recent=m)["index"], whole["index"])
+
+
+def test_recent_window_with_n_step_and_get_next_batch(tmp_path: Any) -> None:
+    rb = make(tmp_path, capacity=10, rows=0, alpha=1.0)
+    zeros = torch.zeros(14)
+    rb.add_batch(
+        {
+            "step": torch.arange(14),
+            "reward": torch.ones(14),
+            "next_state": zeros,
+            "terminated": zeros,
+            "truncated": zeros,
+        }
+    )
+    rb.update_priority(torch.arange(10), random_priorities(10, 12))
+    batch = rb.sample_batch(2000, n_step=3, gamma=0.5, recent=4)  # steps 10..13 sit in slots 0..3
+    assert set(batch["step"].tolist()) == {10, 11, 12, 13}
+    for step, reward, discount in zip(
+        batch["step"].tolist(), batch["reward"].tolist(), batch["discount"].tolist(), strict=True
+    ):
+        steps = min(3, 14 - step)  # the write head stops the sum
+        assert reward == sum(0.5**j for j in range(steps)) and discount == 0.5**steps
+    check_window_batch(rb, batch, 4)
+    assert rb.get_steps_and_iterator(0, 7, 8, recent=3) == 7
+    nxt = rb.get_next_batch(3000)  # random batches of get_next_batch: prioritized over the newest 3 rows
+    assert set(nxt["step"].tolist()) == {11, 12, 13}
+    check_window_batch(rb, nxt, 3)
+    counts = torch.bincount(nxt["index"], minlength=10)
+    slots, probability = window_reference(rb, 3)
+    assert chi_square(counts[slots], torch.from_numpy(probability)) < chi_square_limit(2)
+    rb.get_steps_and_iterator(0, 7, 8)
+    assert set(rb.get_next_batch(3000)["step"].tolist()) == set(range(4, 14))
+
+
+@pytest.mark.parametrize("backend", ["torch", "torchrl"])
+def test_a_window_of_zero_priorities_raises(tmp_path: Any, request: pytest.FixtureRequest, backend: str) -> None:
+    if backend == "torchrl":
+        request.getfixturevalue("fake_torchrl_trees")
+    rb = make(tmp_path, capacity=10, rows=10, eps=0.0, backend=backend)
+    rb.update_priority([7, 8, 9], [0.0, 0.0, 0.0])
+    state = rb.generator.get_state()
+    with pytest.raises(EmptyBufferError, match="priority 0"):
+        rb.sample_batch(4, recent=3)
+    assert torch.equal(rb.generator.get_state(), state)
+    assert set(rb.sample_batch(100, recent=4)["index"].tolist()) == {6}
+
+
+@pytest.mark.parametrize("recent", [0, -1, 2.5, "3", True])
+def test_bad_recent_raises_and_changes_nothing(tmp_path: Any, recent: Any) -> None:
+    rb = make(tmp_path, rows=10)
+    state = rb.generator.get_state()
+    with pytest.raises(InvalidArgumentError, match="recent"):
+        rb.sample_batch(4, recent=recent)
+    with pytest.raises(InvalidArgumentError, match="recent"):
+        rb.get_steps_and_iterator(0, 5, 4, recent=recent)
+    assert torch.equal(rb.generator.get_state(), state)

@@ -160,7 +160,7 @@ def reference_find_in(weights: list[float], ranges: list[tuple[int, int]], mass:
 
 @settings(max_examples=80, deadline=None)
 @given(
-    capacity=st.sampled_from(CAPACITIES[:-1] + [3000]),
+    capacity=st.sampled_from([*CAPACITIES[:-1], 3000]),
     cuts=st.lists(st.floats(0.0, 1.0), min_size=2, max_size=4),
     seed=st.integers(0, 2**31 - 1),
 )
@@ -210,3 +210,20 @@ def test_sample_in_ranges_draws_in_proportion_within_the_ranges() -> None:
     share = weights[live] / weights[live].sum()
     torch.testing.assert_close(counts[live].double() / slots.numel(), share, atol=4e-3, rtol=0.0)
     assert bool((weights[slots] > 0).all())
+
+
+def test_find_in_ranges_covered_by_many_nodes() -> None:
+    """A window across the ring end of a 3-level tree needs hundreds of covering nodes (several groups)."""
+    capacity = 40_000
+    gen = torch.Generator().manual_seed(5)
+    weights = torch.randint(0, 4, (capacity,), generator=gen).double()
+    ranges = [(8_037, 39_990), (0, 7_001)]
+    tree = SumTree(capacity)
+    tree.rebuild(weights)
+    assert tree._cover(ranges)[0].numel() > 4 * tree.branching
+    slots = torch.cat([torch.arange(lo, hi) for lo, hi in ranges])
+    cumulative = weights[slots].cumsum(0)
+    total = float(cumulative[-1])
+    masses = torch.cat([torch.arange(0, total, 7.0), torch.rand(2000, generator=gen, dtype=torch.float64) * total])
+    expected = slots[torch.searchsorted(cumulative, masses, right=True)]
+    assert torch.equal(tree.find_in(masses, ranges), expected)
