@@ -340,23 +340,21 @@ class ReplayBuffer:
         device -> host copy could be read before it lands)."""
         return tensor.to(self.device, non_blocking=self.device.type != "cpu")
 
-    def _as_slots(self, indices: Slots) -> torch.Tensor:
-        """Validated int64 slot tensor on the storing device."""
+    def _as_slots(self, indices: Slots, name: str = "indices") -> torch.Tensor:
+        """Validated int64 slot tensor on the storing device (``name``: the argument, for errors)."""
         if isinstance(indices, torch.Tensor):
+            if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+                raise InvalidArgumentError(f"{name} must be integers, got a tensor of dtype {indices.dtype}")
             slots = indices.to(device=self.storing_device, dtype=torch.int64)
-            if indices.is_floating_point() or indices.dtype == torch.bool:
-                raise InvalidArgumentError(f"indices must be integers, got a tensor of dtype {indices.dtype}")
         else:
             try:
-                slots = torch.as_tensor(
-                    indices if isinstance(indices, (Sequence, int)) else list(indices),
-                    dtype=torch.int64,
-                    device=self.storing_device,
-                )
+                # No dtype= here: it would truncate 0.9 to slot 0 and read True as slot 1.
+                values = torch.as_tensor(indices if isinstance(indices, (Sequence, int, float)) else list(indices))
             except (TypeError, ValueError, RuntimeError) as exc:
-                raise InvalidArgumentError(
-                    f"indices must be ints, a range, a list or a tensor of ints: {exc}"
-                ) from None
+                raise InvalidArgumentError(f"{name} must be ints, a range, a list or a tensor of ints: {exc}") from None
+            if values.numel() and (values.is_floating_point() or values.is_complex() or values.dtype == torch.bool):
+                raise InvalidArgumentError(f"{name} must be integers, got {indices!r}")
+            slots = values.to(device=self.storing_device, dtype=torch.int64)
         slots = slots.reshape(-1)
         if slots.numel():
             low, high = int(slots.min()), int(slots.max())
@@ -431,6 +429,7 @@ class ReplayBuffer:
 
         Raises:
             SlotIndexError: an index is negative or ``>= len(buffer)``.
+            InvalidArgumentError: an index is not an integer (floats, bools, complex numbers).
             EmptyBufferError: the buffer holds no data.
         """
         slots = self._as_slots(indices)
