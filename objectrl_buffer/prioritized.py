@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -111,6 +112,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._index: PriorityIndex
         self._priority: torch.Tensor
         self._max_priority: torch.Tensor
+        try:  # new rows start at priority 1.0: their weights must fit before any update does
+            self._check_weight_fits(torch.ones((), dtype=torch.float64), "the first rows' priority")
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"eps={eps} with alpha={alpha} is too large: {exc}") from None
         self._clear_priorities()
 
     # ------------------------------------------------------------------ settings
@@ -121,9 +126,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     @alpha.setter
     def alpha(self, value: float) -> None:
+        """Raises InvalidArgumentError, changing nothing, for an alpha the largest priority given cannot take."""
         alpha = _real(value, "alpha", *_RANGES["alpha"])
         if alpha == math.inf:
             raise InvalidArgumentError("alpha must be finite")
+        try:
+            self._check_weight_fits(self._max_priority, "max_priority", alpha)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"alpha={alpha} does not fit the priorities given: {exc}") from None
         self._alpha = alpha
         self._index = make_priority_index(self._backend, self.buffer_size, self.storing_device, alpha, self._eps)
         self._index.rebuild(self._priority, self.data_size)
@@ -165,7 +175,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Set the priorities of the rows at slots ``index`` (e.g. a batch's ``"index"``).
 
         Args:
-            index: slots (int, list, range or int tensor), each ``0 <= slot < len(buffer)``.
+            index: slots (int, list, range or int tensor), each ``0 <= slot < len(buffer)``; integers
+                only (floats, bools and complex numbers are refused, not truncated).
             priority: one value per slot, of the same shape as ``index`` (size-1 dimensions aside,
                 so a ``[k, 1]`` column of TD errors fits a ``[k]`` index); finite and >= 0. A tensor
                 on any device, a NumPy array, a list or a number. Not differentiated through.
@@ -173,10 +184,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         A slot given twice takes the last value. Raises before changing anything:
 
         Raises:
-            InvalidArgumentError: shapes differ, or a priority is negative, NaN or infinite.
+            InvalidArgumentError: shapes differ, ``index`` is not integers, or a priority is negative,
+                NaN, infinite, or so large that ``(p + eps) ** alpha * buffer_size`` is not finite
+                (then the sum of the sampling weights could overflow).
             SlotIndexError: a slot is out of range.
         """
-        slots = self._as_slots(index)
+        slots = self._as_slots(index, "index")
         if isinstance(priority, torch.Tensor):
             values = priority.detach()
         else:
@@ -201,6 +214,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             )
         if slots.numel() == 0:
             return
+        self._check_weight_fits(values.max(), "priority")
         if slots.numel() > 1:  # keep the last value of each repeated slot
             order = torch.sort(slots, stable=True).indices
             ordered = slots[order]
@@ -211,6 +225,28 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._priority[slots] = values
         self._index.set(slots, values)
         self._max_priority = torch.maximum(self._max_priority, values.max())
+
+    def _check_weight_fits(self, priority: torch.Tensor, name: str, alpha: float | None = None) -> None:
+        """Raise if ``buffer_size`` rows of raw ``priority`` (0-d) would weigh an infinite total.
+
+        Every live weight is at most that of :attr:`max_priority` (new rows take it), so when this
+        holds for each priority ever accepted, no weight, tree sum or importance weight overflows.
+
+        Raises:
+            InvalidArgumentError: naming ``name``, the value and ``alpha``.
+        """
+        alpha = self._alpha if alpha is None else alpha
+        total = (priority.to(torch.float64) + self._eps).pow(alpha) * self.buffer_size
+        if not bool(total.isfinite()):
+            raise InvalidArgumentError(
+                f"{name} {float(priority)} is too large for alpha={alpha}, eps={self._eps}: "
+                f"(p + eps) ** alpha * buffer_size ({self.buffer_size}) must be finite, so that the sum of "
+                "the sampling weights cannot overflow"
+            )
+
+    def _may_weigh_zero(self) -> bool:
+        """Whether a live row can have sampling weight 0: ``eps == 0``, or ``eps ** alpha`` underflows."""
+        return self._eps**self._alpha < sys.float_info.min
 
     def priorities(self) -> torch.Tensor:
         """A copy of the raw priorities of the live slots, ``[len(buffer)]`` float64, slot order."""
@@ -242,6 +278,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         both = torch.cat([priority, max_priority.reshape(1)])
         if not bool(((both >= 0) & (both < math.inf)).all()):
             raise InvalidArgumentError("priority state holds negative or non-finite values")
+        self._check_weight_fits(both.max(), "priority state's largest priority")
         self._priority = priority.clone()
         self._max_priority = max_priority.reshape(()).clone()
         self._index.rebuild(self._priority, self.data_size)
@@ -361,14 +398,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         n, g = (None, 0.0) if n_step is None else check_n_step(n_step, gamma)
         self._require_rows()
         if window is None or window >= self.data_size:
-            if self._eps == 0 and not self._index.total() > 0:  # total() syncs: only eps == 0 can make it 0
-                raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")
+            if self._may_weigh_zero() and not self._index.total() > 0:  # total() syncs: check only if needed
+                raise EmptyBufferError(
+                    "every stored row has priority 0 (sampling weight (p + eps) ** alpha == 0): no row can be drawn"
+                )
             slots = self._index.draw(k, self.data_size, self.generator)
         else:
             ranges = window_ranges(self.pointer, self.data_size, self.buffer_size, window)
-            if self._eps == 0 and not self._index.window_total(ranges, self._priority) > 0:
+            if self._may_weigh_zero() and not self._index.window_total(ranges, self._priority) > 0:
                 raise EmptyBufferError(
-                    f"every one of the newest {window} rows has priority 0 (with eps=0): no row can be drawn"
+                    f"every one of the newest {window} rows has priority 0 (sampling weight (p + eps) ** alpha "
+                    "== 0): no row can be drawn"
                 )
             slots = self._index.draw_window(k, ranges, self._priority, self.generator)
         batch = self._read_transitions(slots, n, g)
@@ -376,6 +416,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return batch
 
     def importance_weights(self, slots: torch.Tensor) -> torch.Tensor:
-        """``(P(i) / min_j P(j))^-beta`` over the given slots (float32, on the storing device)."""
-        weight = (self._priority.index_select(0, slots) + self._eps).pow_(self._alpha)
-        return (weight / weight.min()).pow_(-self._beta).to(torch.float32)
+        """``(P(i) / min_j P(j))^-beta`` over the given slots (float32, on the storing device).
+
+        Computed in logs, so a ratio of weights beyond float64's range still gives the right value
+        (not 0 or NaN). Slots must be drawable (weight > 0) unless ``alpha`` or ``beta`` is 0.
+        """
+        if self._alpha == 0 or self._beta == 0:
+            return torch.ones(slots.shape, dtype=torch.float32, device=slots.device)
+        log_weight = (self._priority.index_select(0, slots) + self._eps).log_().mul_(self._alpha)
+        return (log_weight - log_weight.min()).mul_(-self._beta).exp_().to(torch.float32)

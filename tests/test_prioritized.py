@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from objectrl_buffer import PrioritizedReplayBuffer, priority_index, torchrl_per_available
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SlotIndexError
@@ -240,6 +242,12 @@ def test_update_priority_last_duplicate_wins_and_accepts_columns(tmp_path: Any) 
         ([1, 10], [1.0, 2.0], SlotIndexError, "out of range"),
         ([-1], [1.0], SlotIndexError, "out of range"),
         (torch.tensor([1.5]), [1.0], InvalidArgumentError, "integers"),
+        ([0.5], [2.0], InvalidArgumentError, "index"),  # was read as slot 0
+        ([True], [2.0], InvalidArgumentError, "index"),
+        ([1 + 0j], [2.0], InvalidArgumentError, "index"),
+        (np.array([1.0]), [2.0], InvalidArgumentError, "index"),
+        (torch.tensor([1 + 0j]), [2.0], InvalidArgumentError, "index"),
+        (1.0, 2.0, InvalidArgumentError, "index"),
     ],
 )
 def test_bad_updates_raise_and_change_nothing(
@@ -357,6 +365,7 @@ def test_metadata_load_restarts_uniform_priorities(tmp_path: Any) -> None:
         ({"beta": 1.01}, "beta"),
         ({"eps": -1e-6}, "eps"),
         ({"backend": "cuda-tree"}, "backend"),
+        ({"eps": 1e300, "alpha": 2.0}, "eps"),  # every new row's weight (1 + eps) ** alpha would overflow
     ],
 )
 def test_bad_construction_raises(tmp_path: Any, kwargs: dict[str, Any], match: str) -> None:
@@ -536,3 +545,82 @@ def test_bad_recent_raises_and_changes_nothing(tmp_path: Any, recent: Any) -> No
     with pytest.raises(InvalidArgumentError, match="recent"):
         rb.get_steps_and_iterator(0, 5, 4, recent=recent)
     assert torch.equal(rb.generator.get_state(), state)
+
+
+# ---------------------------------------------------------------------------------------- extreme priorities
+def test_a_priority_whose_weight_overflows_is_refused(tmp_path: Any) -> None:
+    """alpha=2 and a priority of 1e200 used to give inf weights: NaN importance weights and only slot 0."""
+    rb = make(tmp_path, alpha=2.0)
+    rb.update_priority(torch.arange(40), random_priorities(40, 13))
+    before = rb.priority_state()
+    state = rb.generator.get_state()
+    with pytest.raises(InvalidArgumentError, match="priority"):
+        rb.update_priority([0], [1e200])
+    with pytest.raises(InvalidArgumentError, match="priority"):  # finite alone, but 40 of them overflow the sum
+        rb.update_priority([0], [math.sqrt(1.7e308 / 10)])
+    rb.update_priority([0], [math.sqrt(1.7e308 / 80)])  # fits: new rows may all take it, and their sum is finite
+    assert rb.max_priority == math.sqrt(1.7e308 / 80)
+    rb.update_priority([0], [1.0])
+    after = rb.priority_state()
+    before["priority"][0], before["max_priority"] = 1.0, after["max_priority"]
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert torch.equal(rb.generator.get_state(), state)
+    with pytest.raises(InvalidArgumentError, match="alpha"):  # the new alpha would overflow the largest priority
+        rb.alpha = 3.0
+    assert rb.alpha == 2.0
+    with pytest.raises(InvalidArgumentError, match="priority"):
+        rb.load_priority_state(
+            {"priority": torch.full((40,), 1e200, dtype=torch.float64), "max_priority": after["max_priority"]}
+        )
+    assert all(torch.equal(after[k], rb.priority_state()[k]) for k in after)
+    assert bool(rb.sample_batch(1000)["weight"].isfinite().all())
+
+
+EXTREME = [0.0, 5e-324, 1e-300, 1e-150, 1e-6, 1.0, 3.5, 1e150, 1e200, 1e300, 1.7e308]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    alpha=st.sampled_from([0.0, 0.5, 1.0, 2.0, 7.0]),
+    beta=st.sampled_from([0.0, 0.01, 0.4, 1.0]),
+    eps=st.sampled_from([0.0, 1e-300, 1e-6, 1.0]),
+    priorities=st.lists(st.one_of(st.sampled_from(EXTREME), st.floats(0.0, 1.7e308)), min_size=1, max_size=8),
+    recent=st.one_of(st.none(), st.integers(1, 8)),
+)
+def test_extreme_priorities_are_refused_or_give_exact_finite_weights(
+    tmp_path_factory: Any, alpha: float, beta: float, eps: float, priorities: list[float], recent: int | None
+) -> None:
+    """Every update is refused with nothing changed, or accepted; then weights are never NaN and equal
+    (N P(i))^-beta / max over the batch, computed in NumPy (in logs, so no overflow in the reference)."""
+    rb = make(tmp_path_factory.mktemp("x"), capacity=8, rows=8, alpha=alpha, beta=beta, eps=eps, backend="torch")
+    for slot, p in enumerate(priorities):
+        before = rb.priority_state()
+        try:
+            rb.update_priority([slot], [p])
+        except InvalidArgumentError as exc:
+            assert "priority" in str(exc)
+            assert all(torch.equal(before[k], rb.priority_state()[k]) for k in before)
+    q = rb.priorities().numpy() + eps
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
+        weight = q**alpha
+        assert np.isfinite(weight.max() * 8)  # what was accepted keeps the total finite
+    window = (
+        np.arange(8)
+        if recent is None
+        else np.array([(rb.pointer - min(recent, 8) + j) % 8 for j in range(min(recent, 8))])
+    )
+    if not weight[window].sum() > 0:
+        with pytest.raises(EmptyBufferError):
+            rb.sample_batch(4, recent=recent)
+        return
+    batch = rb.sample_batch(256, recent=recent)
+    drawn = batch["index"].numpy()
+    assert set(drawn.tolist()) <= set(window.tolist()) and bool((weight[drawn] > 0).all())
+    got = batch["weight"]
+    assert bool(got.isfinite().all()) and float(got.max()) == 1.0 and float(got.min()) >= 0.0
+    if alpha == 0 or beta == 0:
+        expected = np.ones(len(drawn))
+    else:
+        log_weight = alpha * np.log(q[drawn])
+        expected = np.exp(-beta * (log_weight - log_weight.min()))
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float32), rtol=1e-5, atol=1e-30)
