@@ -466,23 +466,21 @@ class ReplayBuffer:
         device -> host copy could be read before it lands)."""
         return tensor.to(self.device, non_blocking=self.device.type != "cpu")
 
-    def _as_slots(self, indices: Slots) -> torch.Tensor:
-        """Validated int64 slot tensor on the storing device."""
+    def _as_slots(self, indices: Slots, name: str = "indices") -> torch.Tensor:
+        """Validated int64 slot tensor on the storing device (``name``: the argument, for errors)."""
         if isinstance(indices, torch.Tensor):
+            if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+                raise InvalidArgumentError(f"{name} must be integers, got a tensor of dtype {indices.dtype}")
             slots = indices.to(device=self.storing_device, dtype=torch.int64)
-            if indices.is_floating_point() or indices.dtype == torch.bool:
-                raise InvalidArgumentError(f"indices must be integers, got a tensor of dtype {indices.dtype}")
         else:
             try:
-                slots = torch.as_tensor(
-                    indices if isinstance(indices, (Sequence, int)) else list(indices),
-                    dtype=torch.int64,
-                    device=self.storing_device,
-                )
+                # No dtype= here: it would truncate 0.9 to slot 0 and read True as slot 1.
+                values = torch.as_tensor(indices if isinstance(indices, (Sequence, int, float)) else list(indices))
             except (TypeError, ValueError, RuntimeError) as exc:
-                raise InvalidArgumentError(
-                    f"indices must be ints, a range, a list or a tensor of ints: {exc}"
-                ) from None
+                raise InvalidArgumentError(f"{name} must be ints, a range, a list or a tensor of ints: {exc}") from None
+            if values.numel() and (values.is_floating_point() or values.is_complex() or values.dtype == torch.bool):
+                raise InvalidArgumentError(f"{name} must be integers, got {indices!r}")
+            slots = values.to(device=self.storing_device, dtype=torch.int64)
         slots = slots.reshape(-1)
         if slots.numel():
             low, high = int(slots.min()), int(slots.max())
@@ -501,18 +499,20 @@ class ReplayBuffer:
         return slots
 
     def sample_batch(
-        self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, recent: int | None = None
+        self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
     ) -> TensorDict:
         """``batch_size`` rows drawn uniformly with replacement (``batch_size > len`` is fine).
 
         Args:
             batch_size: rows to draw (> 0).
-            n_step: with ``n > 1``, ``reward`` becomes the discounted sum of up to ``n`` rewards from
-                each drawn row on, ``next_state``/``terminated``/``truncated`` come from the row the sum
-                stopped at, and a ``discount`` key holds ``gamma ** steps`` (float32). The sum stops
-                early at an episode end (a truncation stops it but is not a termination) and at the
-                newest row. Key names: ``transition_keys``. See :mod:`objectrl_buffer.sampling.nstep`.
-            gamma: the n-step discount, in ``[0, 1]`` (unused when ``n_step == 1``).
+            n_step: when given (any ``n >= 1``, 1 included), ``reward`` becomes the discounted sum of
+                up to ``n`` rewards from each drawn row on, ``next_state``/``terminated``/``truncated``
+                come from the row the sum stopped at, and a ``discount`` key holds ``gamma ** steps``
+                (float32; ``gamma`` on every row at ``n = 1``). The sum stops early at an episode end
+                (a truncation stops it but is not a termination) and at the newest row. Key names:
+                ``transition_keys``. See :mod:`objectrl_buffer.sampling.nstep`. ``None`` (default): the
+                stored rows as they are, no ``discount``.
+            gamma: the n-step discount, in ``[0, 1]`` (unused when ``n_step`` is not given).
             recent: draw only from the newest ``recent`` rows (all rows if fewer are stored); with
                 ``num_envs > 1`` rounded up to whole env steps.
 
@@ -526,10 +526,10 @@ class ReplayBuffer:
             SchemaError: n-step sampling needs a key that is not stored.
         """
         k = _positive_int(batch_size, "batch_size")
-        if n_step == 1 and recent is None and not self._phantom:  # the per-gradient-step path
+        if n_step is None and recent is None and not self._phantom:  # the per-gradient-step path
             self._require_rows()
             return self._read(uniform_slots(self.data_size, k, self.generator))
-        n, g = check_n_step(n_step, gamma)
+        n, g = (None, 0.0) if n_step is None else check_n_step(n_step, gamma)
         window = None if recent is None else whole_steps(_positive_int(recent, "recent"), self.num_envs)
         self._require_rows()
         if window is None and not self._phantom:
@@ -539,9 +539,9 @@ class ReplayBuffer:
             slots = recent_slots(self.pointer, held, self.buffer_size, window or held, k, self.generator)
         return self._read_transitions(slots, n, g)
 
-    def _read_transitions(self, slots: torch.Tensor, n_step: int, gamma: float) -> TensorDict:
-        """:meth:`_read`, with the n-step keys replaced when ``n_step > 1``."""
-        if n_step == 1:
+    def _read_transitions(self, slots: torch.Tensor, n_step: int | None, gamma: float) -> TensorDict:
+        """:meth:`_read`, with the n-step keys replaced and ``discount`` added when ``n_step`` is given."""
+        if n_step is None:
             return self._read(slots)
         columns = self._storage.columns
         targets = n_step_targets(
@@ -575,6 +575,7 @@ class ReplayBuffer:
         Raises:
             SlotIndexError: an index is negative or ``>= len(buffer)``, or names a slot counted but holding
                 no data (after a metadata-only :meth:`load`).
+            InvalidArgumentError: an index is not an integer (floats, bools, complex numbers).
             EmptyBufferError: the buffer holds no data.
         """
         slots = self._as_slots(indices)

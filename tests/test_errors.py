@@ -132,7 +132,24 @@ def test_any_index_of_an_empty_buffer(rb: ReplayBuffer) -> None:
     raises_unchanged(rb, SlotIndexError, IndexError, "out of range", lambda: rb.sample_by_index([0]))
 
 
-@pytest.mark.parametrize("indices", [torch.tensor([0.0, 1.0]), torch.tensor([True, False]), ["a"], [[0, 1], [2]]])
+@pytest.mark.parametrize(
+    "indices",
+    [
+        torch.tensor([0.0, 1.0]),
+        torch.tensor([True, False]),
+        torch.tensor([1 + 0j]),
+        ["a"],
+        [[0, 1], [2]],
+        [0.9, 2.7],  # was read as slots 0 and 2
+        [True, True],  # was read as slot 1 twice
+        True,
+        1.0,
+        [1, 2.0],
+        [1 + 0j],
+        np.array([0.5]),
+        np.array([True]),
+    ],
+)
 def test_non_integer_indices(wrapped: ReplayBuffer, indices: Any) -> None:
     raises_unchanged(wrapped, InvalidArgumentError, ValueError, "indices", lambda: wrapped.sample_by_index(indices))
 

@@ -2,7 +2,8 @@
 
 Everything of :class:`~objectrl_buffer.ReplayBuffer` (adds, epochs, slices, save/load) works unchanged;
 ``sample_batch`` (and so ``get_next_batch`` without an epoch iterator) draws in proportion to
-priorities and adds importance weights.
+priorities and adds importance weights, also over a recency window (``recent=m``: the newest ``m``
+rows, probabilities renormalised over them).
 
 Conventions (each one a choice among the published ones, stated here once):
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -36,12 +38,13 @@ from tensordict import TensorDict
 
 from objectrl_buffer.checkpoint.data import BufferState
 from objectrl_buffer.checkpoint.generations import Checkpoint, Restored
+from objectrl_buffer.core.envs import whole_steps
 from objectrl_buffer.errors import CheckpointError, EmptyBufferError, InvalidArgumentError
 from objectrl_buffer.prioritized.checkpoint import priority_extras, saved_priorities, saved_settings
 from objectrl_buffer.prioritized.index import Backend, PriorityIndex, check_backend, make_priority_index
 from objectrl_buffer.replay_buffer import ReplayBuffer, Slots, Transition, _positive_int
 from objectrl_buffer.sampling.nstep import check_n_step
-from objectrl_buffer.sampling.uniform import chronological_slots
+from objectrl_buffer.sampling.uniform import window_ranges
 
 __all__ = ["PrioritizedReplayBuffer", "WEIGHT_KEY"]
 
@@ -110,6 +113,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._index: PriorityIndex
         self._priority: torch.Tensor
         self._max_priority: torch.Tensor
+        try:  # new rows start at priority 1.0: their weights must fit before any update does
+            self._check_weight_fits(torch.ones((), dtype=torch.float64), "the first rows' priority")
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"eps={eps} with alpha={alpha} is too large: {exc}") from None
         self._clear_priorities()
 
     # ------------------------------------------------------------------ settings
@@ -120,9 +127,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     @alpha.setter
     def alpha(self, value: float) -> None:
+        """Raises InvalidArgumentError, changing nothing, for an alpha the largest priority given cannot take."""
         alpha = _real(value, "alpha", *_RANGES["alpha"])
         if alpha == math.inf:
             raise InvalidArgumentError("alpha must be finite")
+        try:
+            self._check_weight_fits(self._max_priority, "max_priority", alpha)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"alpha={alpha} does not fit the priorities given: {exc}") from None
         self._alpha = alpha
         self._index = make_priority_index(self._backend, self.buffer_size, self.storing_device, alpha, self._eps)
         self._index.rebuild(self._priority, self.data_size)
@@ -164,7 +176,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Set the priorities of the rows at slots ``index`` (e.g. a batch's ``"index"``).
 
         Args:
-            index: slots (int, list, range or int tensor), each ``0 <= slot < len(buffer)``.
+            index: slots (int, list, range or int tensor), each ``0 <= slot < len(buffer)``; integers
+                only (floats, bools and complex numbers are refused, not truncated).
             priority: one value per slot, of the same shape as ``index`` (size-1 dimensions aside,
                 so a ``[k, 1]`` column of TD errors fits a ``[k]`` index); finite and >= 0. A tensor
                 on any device, a NumPy array, a list or a number. Not differentiated through.
@@ -172,10 +185,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         A slot given twice takes the last value. Raises before changing anything:
 
         Raises:
-            InvalidArgumentError: shapes differ, or a priority is negative, NaN or infinite.
+            InvalidArgumentError: shapes differ, ``index`` is not integers, or a priority is negative,
+                NaN, infinite, or so large that ``(p + eps) ** alpha * buffer_size`` is not finite
+                (then the sum of the sampling weights could overflow).
             SlotIndexError: a slot is out of range.
         """
-        slots = self._as_slots(index)
+        slots = self._as_slots(index, "index")
         if isinstance(priority, torch.Tensor):
             values = priority.detach()
         else:
@@ -200,6 +215,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             )
         if slots.numel() == 0:
             return
+        self._check_weight_fits(values.max(), "priority")
         if slots.numel() > 1:  # keep the last value of each repeated slot
             order = torch.sort(slots, stable=True).indices
             ordered = slots[order]
@@ -210,6 +226,28 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._priority[slots] = values
         self._index.set(slots, values)
         self._max_priority = torch.maximum(self._max_priority, values.max())
+
+    def _check_weight_fits(self, priority: torch.Tensor, name: str, alpha: float | None = None) -> None:
+        """Raise if ``buffer_size`` rows of raw ``priority`` (0-d) would weigh an infinite total.
+
+        Every live weight is at most that of :attr:`max_priority` (new rows take it), so when this
+        holds for each priority ever accepted, no weight, tree sum or importance weight overflows.
+
+        Raises:
+            InvalidArgumentError: naming ``name``, the value and ``alpha``.
+        """
+        alpha = self._alpha if alpha is None else alpha
+        total = (priority.to(torch.float64) + self._eps).pow(alpha) * self.buffer_size
+        if not bool(total.isfinite()):
+            raise InvalidArgumentError(
+                f"{name} {float(priority)} is too large for alpha={alpha}, eps={self._eps}: "
+                f"(p + eps) ** alpha * buffer_size ({self.buffer_size}) must be finite, so that the sum of "
+                "the sampling weights cannot overflow"
+            )
+
+    def _may_weigh_zero(self) -> bool:
+        """Whether a live row can have sampling weight 0: ``eps == 0``, or ``eps ** alpha`` underflows."""
+        return self._eps**self._alpha < sys.float_info.min
 
     def priorities(self) -> torch.Tensor:
         """A copy of the raw priorities of the live slots, ``[len(buffer)]`` float64, slot order."""
@@ -241,6 +279,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         both = torch.cat([priority, max_priority.reshape(1)])
         if not bool(((both >= 0) & (both < math.inf)).all()):
             raise InvalidArgumentError("priority state holds negative or non-finite values")
+        self._check_weight_fits(both.max(), "priority state's largest priority")
         self._priority = priority.clone()
         self._max_priority = max_priority.reshape(()).clone()
         self._index.rebuild(self._priority, self.data_size)
@@ -352,14 +391,18 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     # ------------------------------------------------------------------ sampling
     def sample_batch(
-        self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, recent: int | None = None
+        self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
     ) -> TensorDict:
         """``batch_size`` rows drawn with replacement, row ``i`` with probability ``P(i)``.
 
         Args:
             batch_size: rows to draw (> 0).
-            n_step, gamma: n-step targets, as :meth:`ReplayBuffer.sample_batch`.
-            recent: not supported with prioritized draws (must be ``None``).
+            n_step, gamma: n-step targets, as :meth:`ReplayBuffer.sample_batch` (``discount`` whenever
+                ``n_step`` is given, 1 included).
+            recent: draw only from the newest ``N = min(recent, len)`` rows, with ``P(i)`` (and so the
+                weights) renormalised over them: ``(p_i + eps)^alpha / sum_{j in window} (p_j + eps)^alpha``.
+                ``O(k log N)`` with our tree; ``O(N)`` per call with torchrl's sampler, which cannot
+                restrict its draws.
 
         Returns:
             TensorDict of batch size ``[batch_size]`` on ``device`` with the stored keys, ``"index"``
@@ -367,40 +410,40 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             ``(P(i) / min_batch P)^-beta``, at most 1.
 
         Raises:
-            EmptyBufferError: no rows, or every live row has weight 0 (``eps == 0``).
-            InvalidArgumentError: a bad ``batch_size``, ``n_step`` or ``gamma``, or ``recent`` given.
+            EmptyBufferError: no rows, or every row that may be drawn has weight 0 (``eps == 0``).
+            InvalidArgumentError: a bad ``batch_size``, ``n_step``, ``gamma`` or ``recent``.
         """
         k = _positive_int(batch_size, "batch_size")
-        if recent is not None:
-            raise InvalidArgumentError(
-                "recent= is not supported by PrioritizedReplayBuffer.sample_batch: priorities already decide "
-                "which rows are drawn (use a ReplayBuffer for a recency window)"
-            )
-        n, g = (1, 0.0) if n_step == 1 else check_n_step(n_step, gamma)
+        window = None if recent is None else whole_steps(_positive_int(recent, "recent"), self.num_envs)
+        n, g = (None, 0.0) if n_step is None else check_n_step(n_step, gamma)
         self._require_rows()
-        if self._phantom:
-            slots = self._draw_held(k)
-        else:
-            if self._eps == 0 and not self._index.total() > 0:  # total() syncs: only eps == 0 can make it 0
-                raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")
+        held = self._held  # rows that hold data: all of them but after a metadata-only load
+        if (window is None or window >= held) and not self._phantom:
+            if self._may_weigh_zero() and not self._index.total() > 0:  # total() syncs: check only if needed
+                raise EmptyBufferError(
+                    "every stored row has priority 0 (sampling weight (p + eps) ** alpha == 0): no row can be drawn"
+                )
             slots = self._index.draw(k, self.data_size, self.generator)
+        else:  # the newest rows: a window, or those that hold data
+            window = held if window is None else min(window, held)
+            ranges = window_ranges(self.pointer, held, self.buffer_size, window)
+            if self._may_weigh_zero() and not self._index.window_total(ranges, self._priority) > 0:
+                raise EmptyBufferError(
+                    f"every one of the newest {window} rows has priority 0 (sampling weight (p + eps) ** alpha "
+                    "== 0): no row can be drawn"
+                )
+            slots = self._index.draw_window(k, ranges, self._priority, self.generator)
         batch = self._read_transitions(slots, n, g)
         batch.set(WEIGHT_KEY, self._to_device(self.importance_weights(slots)))
         return batch
 
-    def _draw_held(self, k: int) -> torch.Tensor:
-        """``k`` slots drawn as :meth:`sample_batch` does, among the rows that hold data only.
-
-        For the time after a metadata-only load, while the counters still count rows that hold no data
-        (the index covers every counted slot): an exact draw in ``O(rows held)``, not ``O(k log N)``.
-        """
-        slots = chronological_slots(self.pointer, self._held, self.buffer_size, self.storing_device)
-        weights = (self._priority.index_select(0, slots) + self._eps).pow_(self._alpha)
-        if not bool(weights.sum() > 0):
-            raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")
-        return slots[torch.multinomial(weights, k, replacement=True, generator=self.generator)]
-
     def importance_weights(self, slots: torch.Tensor) -> torch.Tensor:
-        """``(P(i) / min_j P(j))^-beta`` over the given slots (float32, on the storing device)."""
-        weight = (self._priority.index_select(0, slots) + self._eps).pow_(self._alpha)
-        return (weight / weight.min()).pow_(-self._beta).to(torch.float32)
+        """``(P(i) / min_j P(j))^-beta`` over the given slots (float32, on the storing device).
+
+        Computed in logs, so a ratio of weights beyond float64's range still gives the right value
+        (not 0 or NaN). Slots must be drawable (weight > 0) unless ``alpha`` or ``beta`` is 0.
+        """
+        if self._alpha == 0 or self._beta == 0:
+            return torch.ones(slots.shape, dtype=torch.float32, device=slots.device)
+        log_weight = (self._priority.index_select(0, slots) + self._eps).log_().mul_(self._alpha)
+        return (log_weight - log_weight.min()).mul_(-self._beta).exp_().to(torch.float32)

@@ -11,12 +11,15 @@ Slots that hold no row have weight zero and are never drawn.
   with the same distribution (``tests/test_prioritized.py`` checks the two agree where torchrl loads).
 
 The buffer keeps the raw priorities itself (for importance weights and checkpoints); an index only
-draws slots.
+draws slots. Draws restricted to a window of slots (the newest rows) use our tree's covering nodes in
+``O(k log N)``; torchrl's sampler cannot restrict its draws, so there they are made from the window's
+raw priorities in ``O(window)`` (:meth:`PriorityIndex.draw_window`).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any, Literal, TypeAlias
 
 import torch
@@ -63,6 +66,8 @@ class PriorityIndex:
     """Interface: proportional draws over ``capacity`` slots given raw priorities."""
 
     name: str
+    alpha: float
+    eps: float
 
     def set(self, slots: torch.Tensor, priority: torch.Tensor) -> None:
         """Set raw ``priority`` (float64, 1-D) at distinct live ``slots`` (int64, 1-D)."""
@@ -83,6 +88,34 @@ class PriorityIndex:
     def draw(self, k: int, size: int, generator: torch.Generator) -> torch.Tensor:
         """``k`` live slots (int64 on the storing device), drawn with replacement. Needs ``total() > 0``."""
         raise NotImplementedError
+
+    def _window_weights(self, ranges: Sequence[tuple[int, int]], priority: torch.Tensor) -> torch.Tensor:
+        slots = torch.cat([torch.arange(lo, hi, device=priority.device) for lo, hi in ranges])
+        return (priority.index_select(0, slots) + self.eps).pow_(self.alpha)
+
+    def window_total(self, ranges: Sequence[tuple[int, int]], priority: torch.Tensor) -> float:
+        """Sum of the weights of the slots in ``ranges`` (live, disjoint ``[start, stop)``).
+
+        This default reads the raw ``priority`` (``[capacity]``, on the storing device): ``O(window)``.
+        """
+        return float(self._window_weights(ranges, priority).sum())
+
+    def draw_window(
+        self, k: int, ranges: Sequence[tuple[int, int]], priority: torch.Tensor, generator: torch.Generator
+    ) -> torch.Tensor:
+        """``k`` slots of ``ranges`` drawn with replacement, in proportion to their weights renormalised
+        over the ranges. Needs ``window_total(...) > 0``.
+
+        This default works for any index (torchrl's sampler cannot restrict its draws): an inverse-CDF
+        draw over the window's weights from the raw ``priority``, ``O(window + k log window)``.
+        """
+        slots = torch.cat([torch.arange(lo, hi, device=priority.device) for lo, hi in ranges])
+        cumulative = self._window_weights(ranges, priority).cumsum(0)
+        total = cumulative[-1]
+        u = torch.rand(k, dtype=cumulative.dtype, device=cumulative.device, generator=generator) * total
+        # Strictly below the total, so the first cumulative sum above u belongs to a slot of positive weight.
+        u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+        return slots.index_select(0, torch.searchsorted(cumulative, u, right=True))
 
 
 class TreeIndex(PriorityIndex):
@@ -113,6 +146,14 @@ class TreeIndex(PriorityIndex):
 
     def draw(self, k: int, size: int, generator: torch.Generator) -> torch.Tensor:
         return self.tree.sample(k, generator)
+
+    def window_total(self, ranges: Sequence[tuple[int, int]], priority: torch.Tensor) -> float:
+        return float(self.tree.total_in(ranges))
+
+    def draw_window(
+        self, k: int, ranges: Sequence[tuple[int, int]], priority: torch.Tensor, generator: torch.Generator
+    ) -> torch.Tensor:
+        return self.tree.sample_in(k, ranges, generator)
 
 
 class _LiveRows:

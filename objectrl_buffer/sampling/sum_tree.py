@@ -16,9 +16,14 @@ Sampling walks from the top: at each level it takes the cumulative sums of the c
 children and descends into the first child whose cumulative sum exceeds the remaining mass. The mass
 is clamped below each node's own total, so rounding can never send it into a child of weight zero:
 a slot of weight 0 is never drawn.
+
+A window (one or two slot ranges, e.g. the newest rows of a ring) is sampled the same way from the
+few nodes that exactly cover it (:meth:`SumTree.sample_in`): ``O(k B log_B N)``, no rebuild.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -139,6 +144,84 @@ class SumTree:
             remaining = remaining - torch.nn.functional.pad(cumulative, (1, 0)).gather(1, choice)
             node = (node << shift) + choice.squeeze(1)
         return node
+
+    def _cover(self, ranges: Sequence[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The fewest nodes whose leaves are exactly the slots of ``ranges``, in slot order within each
+        range and the ranges in the order given: ``(level, node, cumulative mass)``, each ``[c]``.
+
+        At most ``2 (B - 1)`` nodes per level and range, so ``c`` stays in the hundreds for any capacity.
+        """
+        shift, top = self._shift, len(self.levels) - 1
+        spans: list[tuple[int, int, int, int]] = []  # (range number, first slot, level, node)
+        for number, (lo, hi) in enumerate(ranges):
+            for level in range(top + 1):
+                if lo >= hi:
+                    break
+                if level == top or lo >> shift == (hi - 1) >> shift:  # one parent: take the nodes themselves
+                    spans += [(number, node << (shift * level), level, node) for node in range(lo, hi)]
+                    break
+                up_lo, up_hi = -(-lo >> shift), hi >> shift  # the parents whose children all lie inside
+                spans += [(number, node << (shift * level), level, node) for node in range(lo, up_lo << shift)]
+                spans += [(number, node << (shift * level), level, node) for node in range(up_hi << shift, hi)]
+                lo, hi = up_lo, up_hi
+        spans.sort()
+        levels = torch.tensor([s[2] for s in spans], dtype=torch.int64, device=self.device)
+        nodes = torch.tensor([s[3] for s in spans], dtype=torch.int64, device=self.device)
+        mass = torch.zeros(len(spans), dtype=self.dtype, device=self.device)
+        for j in sorted({s[2] for s in spans}):
+            at = levels == j
+            mass[at] = self.levels[j].index_select(0, nodes[at])
+        return levels, nodes, mass.cumsum(0)
+
+    def total_in(self, ranges: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """Sum of the weights of the slots in ``ranges`` (disjoint ``[start, stop)``), a 0-d tensor."""
+        return self._cover(ranges)[2][-1]
+
+    def find_in(self, mass: torch.Tensor, ranges: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """As :meth:`find`, over the slots of ``ranges`` only (disjoint, non-empty ``[start, stop)``),
+        taken in the order given: ``mass`` in ``[0, total_in(ranges))``. Needs ``total_in(ranges) > 0``.
+
+        Why not ``find(prefix(start) + mass)``: a light window after heavy slots would lose its mass
+        to rounding of the large offset. Here the masses are those of the window's own nodes.
+        """
+        return self._find_in(mass, *self._cover(ranges))
+
+    def _find_in(
+        self, mass: torch.Tensor, level: torch.Tensor, node: torch.Tensor, cumulative: torch.Tensor
+    ) -> torch.Tensor:
+        b, shift = self.branching, self._shift
+        zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        # Which covering node: the first whose cumulative mass passes the mass, with the same strict clamp
+        # as find(), so a node of mass 0 is never chosen. In two steps of at most B columns (a group of B
+        # nodes, then the node in it): one [k, c] comparison of a few hundred nodes would cross torch's
+        # parallel grain and stall for milliseconds when the cores are busy.
+        remaining = torch.minimum(mass.to(self.dtype), torch.nextafter(cumulative[-1], zero))
+        groups = -(-cumulative.numel() // b)
+        fill = cumulative[-1:].expand(groups * b - cumulative.numel())  # mass-0 padding (no host sync)
+        padded = torch.cat([cumulative, fill]).view(groups, b)
+        group = (padded[:, -1].unsqueeze(0) <= remaining.unsqueeze(1)).sum(1)
+        within = (padded.index_select(0, group) <= remaining.unsqueeze(1)).sum(1)
+        choice = group * b + within
+        remaining = remaining - torch.nn.functional.pad(cumulative, (1, 0)).index_select(0, choice)
+        start_level, node = level.index_select(0, choice), node.index_select(0, choice)
+        for j in range(len(self.levels) - 2, -1, -1):  # step from level j + 1 into level j
+            down = start_level > j  # nodes that started at or below level j are already there
+            parent = torch.where(down, node, 0)
+            cumulative_j = self.levels[j].view(-1, b).index_select(0, parent).cumsum(1)  # [k, B]
+            below = torch.minimum(remaining.unsqueeze(1), torch.nextafter(cumulative_j[:, -1:], zero))
+            child = (cumulative_j <= below).sum(1, keepdim=True)
+            below = below - torch.nn.functional.pad(cumulative_j, (1, 0)).gather(1, child)
+            node = torch.where(down, (parent << shift) + child.squeeze(1), node)
+            remaining = torch.where(down, below.squeeze(1), remaining)
+        return node
+
+    def sample_in(self, k: int, ranges: Sequence[tuple[int, int]], generator: torch.Generator) -> torch.Tensor:
+        """``k`` slots of ``ranges`` drawn with replacement, slot ``i`` with probability
+        ``w_i / total_in(ranges)``, in ``O(k B log_B N)``. Needs ``total_in(ranges) > 0``.
+        """
+        level, node, cumulative = self._cover(ranges)
+        u = torch.rand(k, dtype=self.dtype, device=self.device, generator=generator)
+        return self._find_in(u * cumulative[-1], level, node, cumulative)
 
     def sample(self, k: int, generator: torch.Generator) -> torch.Tensor:
         """``k`` slots drawn with replacement, slot ``i`` with probability ``w_i / sum(w)``.

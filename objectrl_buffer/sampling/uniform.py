@@ -18,6 +18,7 @@ __all__ = [
     "recent_slots",
     "window_slots",
     "rows_still_held",
+    "window_ranges",
 ]
 
 
@@ -82,3 +83,16 @@ def rows_still_held(old_pointer: int, old_held: int, pointer: int, size: int, ca
         return 0
     behind = (old_pointer - pointer) % capacity  # written rows newer than the new newest row
     return min(size, old_held - behind) if behind < old_held else 0
+
+
+def window_ranges(pointer: int, size: int, capacity: int, window: int) -> list[tuple[int, int]]:
+    """The newest ``min(window, size)`` rows as contiguous slot ranges ``[start, stop)``, oldest first.
+
+    One range, or two when the window runs past the end of the ring (``[start, capacity)`` then
+    ``[0, pointer)``). Needs ``size >= 1``.
+    """
+    count = min(window, size)
+    start = (pointer - count) % capacity
+    if start + count <= capacity:
+        return [(start, start + count)]
+    return [(start, capacity), (0, start + count - capacity)]

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from objectrl_buffer import PrioritizedReplayBuffer, torchrl_per_available
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SlotIndexError
@@ -241,6 +243,12 @@ def test_update_priority_last_duplicate_wins_and_accepts_columns(tmp_path: Any) 
         ([1, 10], [1.0, 2.0], SlotIndexError, "out of range"),
         ([-1], [1.0], SlotIndexError, "out of range"),
         (torch.tensor([1.5]), [1.0], InvalidArgumentError, "integers"),
+        ([0.5], [2.0], InvalidArgumentError, "index"),  # was read as slot 0
+        ([True], [2.0], InvalidArgumentError, "index"),
+        ([1 + 0j], [2.0], InvalidArgumentError, "index"),
+        (np.array([1.0]), [2.0], InvalidArgumentError, "index"),
+        (torch.tensor([1 + 0j]), [2.0], InvalidArgumentError, "index"),
+        (1.0, 2.0, InvalidArgumentError, "index"),
     ],
 )
 def test_bad_updates_raise_and_change_nothing(
@@ -358,6 +366,7 @@ def test_metadata_load_restarts_uniform_priorities(tmp_path: Any) -> None:
         ({"beta": 1.01}, "beta"),
         ({"eps": -1e-6}, "eps"),
         ({"backend": "cuda-tree"}, "backend"),
+        ({"eps": 1e300, "alpha": 2.0}, "eps"),  # every new row's weight (1 + eps) ** alpha would overflow
     ],
 )
 def test_bad_construction_raises(tmp_path: Any, kwargs: dict[str, Any], match: str) -> None:
@@ -428,3 +437,191 @@ def test_add_batch_gives_max_priority_to_exactly_the_rows_written_whatever_the_i
         rb.add_batch({"step": torch.arange(2), "reward": torch.ones(3)})  # rows disagree: nothing written
     assert rb.priority_state()["priority"].tolist() == [4.0, 0.25, 4.0, 4.0, 4.0] and rb.pointer == 1
     assert_draws_follow_priorities(rb)
+
+
+# ---------------------------------------------------------------------------------------- recency window
+def window_reference(rb: PrioritizedReplayBuffer, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slots of the newest ``min(m, len)`` rows and their probabilities, renormalised over the window (NumPy)."""
+    size, capacity, pointer = len(rb), rb.buffer_size, rb.pointer
+    count = min(m, size)
+    slots = np.array([(pointer - count + j) % capacity for j in range(count)])
+    weight = (rb.priorities().numpy()[slots] + rb.eps) ** rb.alpha
+    return slots, weight / weight.sum()
+
+
+def check_window_batch(rb: PrioritizedReplayBuffer, batch: Any, m: int) -> None:
+    """Only window slots; weights (N_w P(i))^-beta / max over the batch, P renormalised over the window."""
+    slots, probability = window_reference(rb, m)
+    p_of = dict(zip(slots.tolist(), probability.tolist(), strict=True))
+    drawn = batch["index"].tolist()
+    assert set(drawn) <= set(p_of)
+    raw = np.array([(len(slots) * p_of[s]) ** -rb.beta for s in drawn])
+    expected = torch.tensor(raw / raw.max(), dtype=torch.float32)
+    assert batch["weight"].dtype == torch.float32
+    torch.testing.assert_close(batch["weight"], expected, rtol=2e-6, atol=0.0)
+    assert float(batch["weight"].max()) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("capacity", "rows", "m"),
+    [(40, 40, 15), (30, 75, 20), (30, 75, 12), (40, 25, 100), (40, 40, 1), (1000, 2500, 600)],
+    ids=["full", "across-the-ring-end", "before-the-pointer", "window-past-size", "one-row", "deep-tree"],
+)
+@pytest.mark.parametrize("backend", ["torch", "torchrl"])
+def test_recent_window_draws_follow_priorities_renormalised_over_the_window(
+    tmp_path: Any, request: pytest.FixtureRequest, backend: str, capacity: int, rows: int, m: int
+) -> None:
+    """Chi-square over 1e5 draws against (p_i + eps)^alpha / sum over the newest m rows; exact weights."""
+    if backend == "torchrl":
+        request.getfixturevalue("fake_torchrl_trees")  # torchrl's sampler cannot restrict: the fallback path
+    rb = make(tmp_path, capacity, rows, alpha=0.7, beta=0.6, backend=backend)
+    rb.update_priority(torch.arange(len(rb)), random_priorities(len(rb), 11))
+    rb.add_batch({"step": torch.arange(3) + rows, "reward": torch.ones(3)})  # new rows at max priority
+    assert rb.backend == backend
+    slots, probability = window_reference(rb, m)
+    batch = rb.sample_batch(DRAWS, recent=m)
+    counts = torch.bincount(batch["index"], minlength=capacity)
+    assert int(counts[slots].sum()) == DRAWS  # nothing outside the window
+    if len(slots) > 1:
+        assert chi_square(counts[slots], torch.from_numpy(probability)) < chi_square_limit(len(slots) - 1)
+    check_window_batch(rb, rb.sample_batch(256, recent=m), m)
+    if m >= len(rb):  # a window holding every row draws exactly as no window
+        state = rb.generator.get_state()
+        whole = rb.sample_batch(64)
+        rb.generator.set_state(state)
+        assert torch.equal(rb.sample_batch(64, recent=m)["index"], whole["index"])
+
+
+def test_recent_window_with_n_step_and_get_next_batch(tmp_path: Any) -> None:
+    rb = make(tmp_path, capacity=10, rows=0, alpha=1.0)
+    zeros = torch.zeros(14)
+    rb.add_batch(
+        {
+            "step": torch.arange(14),
+            "reward": torch.ones(14),
+            "next_state": zeros,
+            "terminated": zeros,
+            "truncated": zeros,
+        }
+    )
+    rb.update_priority(torch.arange(10), random_priorities(10, 12))
+    batch = rb.sample_batch(2000, n_step=3, gamma=0.5, recent=4)  # steps 10..13 sit in slots 0..3
+    assert set(batch["step"].tolist()) == {10, 11, 12, 13}
+    for step, reward, discount in zip(
+        batch["step"].tolist(), batch["reward"].tolist(), batch["discount"].tolist(), strict=True
+    ):
+        steps = min(3, 14 - step)  # the write head stops the sum
+        assert reward == sum(0.5**j for j in range(steps)) and discount == 0.5**steps
+    check_window_batch(rb, batch, 4)
+    assert rb.get_steps_and_iterator(0, 7, 8, recent=3) == 7
+    nxt = rb.get_next_batch(3000)  # random batches of get_next_batch: prioritized over the newest 3 rows
+    assert set(nxt["step"].tolist()) == {11, 12, 13}
+    check_window_batch(rb, nxt, 3)
+    counts = torch.bincount(nxt["index"], minlength=10)
+    slots, probability = window_reference(rb, 3)
+    assert chi_square(counts[slots], torch.from_numpy(probability)) < chi_square_limit(2)
+    rb.get_steps_and_iterator(0, 7, 8)
+    assert set(rb.get_next_batch(3000)["step"].tolist()) == set(range(4, 14))
+
+
+@pytest.mark.parametrize("backend", ["torch", "torchrl"])
+def test_a_window_of_zero_priorities_raises(tmp_path: Any, request: pytest.FixtureRequest, backend: str) -> None:
+    if backend == "torchrl":
+        request.getfixturevalue("fake_torchrl_trees")
+    rb = make(tmp_path, capacity=10, rows=10, eps=0.0, backend=backend)
+    rb.update_priority([7, 8, 9], [0.0, 0.0, 0.0])
+    state = rb.generator.get_state()
+    with pytest.raises(EmptyBufferError, match="priority 0"):
+        rb.sample_batch(4, recent=3)
+    assert torch.equal(rb.generator.get_state(), state)
+    assert set(rb.sample_batch(100, recent=4)["index"].tolist()) == {6}
+
+
+@pytest.mark.parametrize("recent", [0, -1, 2.5, "3", True])
+def test_bad_recent_raises_and_changes_nothing(tmp_path: Any, recent: Any) -> None:
+    rb = make(tmp_path, rows=10)
+    state = rb.generator.get_state()
+    with pytest.raises(InvalidArgumentError, match="recent"):
+        rb.sample_batch(4, recent=recent)
+    with pytest.raises(InvalidArgumentError, match="recent"):
+        rb.get_steps_and_iterator(0, 5, 4, recent=recent)
+    assert torch.equal(rb.generator.get_state(), state)
+
+
+# ---------------------------------------------------------------------------------------- extreme priorities
+def test_a_priority_whose_weight_overflows_is_refused(tmp_path: Any) -> None:
+    """alpha=2 and a priority of 1e200 used to give inf weights: NaN importance weights and only slot 0."""
+    rb = make(tmp_path, alpha=2.0)
+    rb.update_priority(torch.arange(40), random_priorities(40, 13))
+    before = rb.priority_state()
+    state = rb.generator.get_state()
+    with pytest.raises(InvalidArgumentError, match="priority"):
+        rb.update_priority([0], [1e200])
+    with pytest.raises(InvalidArgumentError, match="priority"):  # finite alone, but 40 of them overflow the sum
+        rb.update_priority([0], [math.sqrt(1.7e308 / 10)])
+    rb.update_priority([0], [math.sqrt(1.7e308 / 80)])  # fits: new rows may all take it, and their sum is finite
+    assert rb.max_priority == math.sqrt(1.7e308 / 80)
+    rb.update_priority([0], [1.0])
+    after = rb.priority_state()
+    before["priority"][0], before["max_priority"] = 1.0, after["max_priority"]
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert torch.equal(rb.generator.get_state(), state)
+    with pytest.raises(InvalidArgumentError, match="alpha"):  # the new alpha would overflow the largest priority
+        rb.alpha = 3.0
+    assert rb.alpha == 2.0
+    with pytest.raises(InvalidArgumentError, match="priority"):
+        rb.load_priority_state(
+            {"priority": torch.full((40,), 1e200, dtype=torch.float64), "max_priority": after["max_priority"]}
+        )
+    assert all(torch.equal(after[k], rb.priority_state()[k]) for k in after)
+    assert bool(rb.sample_batch(1000)["weight"].isfinite().all())
+
+
+EXTREME = [0.0, 5e-324, 1e-300, 1e-150, 1e-6, 1.0, 3.5, 1e150, 1e200, 1e300, 1.7e308]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    alpha=st.sampled_from([0.0, 0.5, 1.0, 2.0, 7.0]),
+    beta=st.sampled_from([0.0, 0.01, 0.4, 1.0]),
+    eps=st.sampled_from([0.0, 1e-300, 1e-6, 1.0]),
+    priorities=st.lists(st.one_of(st.sampled_from(EXTREME), st.floats(0.0, 1.7e308)), min_size=1, max_size=8),
+    recent=st.one_of(st.none(), st.integers(1, 8)),
+)
+def test_extreme_priorities_are_refused_or_give_exact_finite_weights(
+    tmp_path_factory: Any, alpha: float, beta: float, eps: float, priorities: list[float], recent: int | None
+) -> None:
+    """Every update is refused with nothing changed, or accepted; then weights are never NaN and equal
+    (N P(i))^-beta / max over the batch, computed in NumPy (in logs, so no overflow in the reference)."""
+    rb = make(tmp_path_factory.mktemp("x"), capacity=8, rows=8, alpha=alpha, beta=beta, eps=eps, backend="torch")
+    for slot, p in enumerate(priorities):
+        before = rb.priority_state()
+        try:
+            rb.update_priority([slot], [p])
+        except InvalidArgumentError as exc:
+            assert "priority" in str(exc)
+            assert all(torch.equal(before[k], rb.priority_state()[k]) for k in before)
+    q = rb.priorities().numpy() + eps
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
+        weight = q**alpha
+        assert np.isfinite(weight.max() * 8)  # what was accepted keeps the total finite
+    window = (
+        np.arange(8)
+        if recent is None
+        else np.array([(rb.pointer - min(recent, 8) + j) % 8 for j in range(min(recent, 8))])
+    )
+    if not weight[window].sum() > 0:
+        with pytest.raises(EmptyBufferError):
+            rb.sample_batch(4, recent=recent)
+        return
+    batch = rb.sample_batch(256, recent=recent)
+    drawn = batch["index"].numpy()
+    assert set(drawn.tolist()) <= set(window.tolist()) and bool((weight[drawn] > 0).all())
+    got = batch["weight"]
+    assert bool(got.isfinite().all()) and float(got.max()) == 1.0 and float(got.min()) >= 0.0
+    if alpha == 0 or beta == 0:
+        expected = np.ones(len(drawn))
+    else:
+        log_weight = alpha * np.log(q[drawn])
+        expected = np.exp(-beta * (log_weight - log_weight.min()))
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float32), rtol=1e-5, atol=1e-30)

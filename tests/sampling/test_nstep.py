@@ -103,10 +103,7 @@ def test_n_step_matches_reference(
             rb.add({k: v[i] for k, v in rows.items()})
     expected = reference(rows, capacity, n_step, gamma)
     batch = rb.sample_batch(4 * capacity, n_step=n_step, gamma=gamma)
-    if n_step == 1:
-        assert "discount" not in batch
-        batch["discount"] = torch.full(batch.batch_size, gamma)  # one step: gamma ** 1
-    check_against_reference(batch, expected)
+    check_against_reference(batch, expected)  # n_step=1 included: discount is gamma ** 1
     rb.close()
 
 
@@ -134,6 +131,28 @@ def test_write_head_and_episode_end_stop_the_sum(tmp_path: Any) -> None:
         7: (8.0, 0.5, 8, 0.0, 1.0),
         8: (9.0, 0.5, 9, 0.0, 0.0),  # the newest row: the write head stops it after one step
     }
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_n_step_one_given_returns_discount_and_plain_sampling_is_unchanged(tmp_path: Any, prioritized: bool) -> None:
+    """A trainer reading batch["discount"] works at n = 1 too; a plain sample_batch(k) is as before."""
+    cls = PrioritizedReplayBuffer if prioritized else ReplayBuffer
+    rows = episode_rows(12, 4, 0.3, 0.2)
+    assert rows["terminated"].any() and rows["truncated"].any()
+    buffers = [cls("cpu", "cpu", 16, seed=5, storage_dir=tmp_path / str(i)) for i in range(2)]
+    for rb in buffers:
+        rb.add_batch(rows)
+    plain, one = buffers[0].sample_batch(64), buffers[1].sample_batch(64, n_step=1, gamma=0.7)
+    assert "discount" not in plain
+    assert set(one.keys()) == set(plain.keys()) | {"discount"}
+    for key in sorted(plain.keys()):  # same draws, same rows: n = 1 changes nothing but the added discount
+        assert torch.equal(one[key], plain[key]), key
+    # gamma ** 1 on every row, terminal and truncated ones too (the trainer masks with terminated)
+    assert one["discount"].dtype == torch.float32 and one["discount"].shape == (64,)
+    assert torch.equal(one["discount"], torch.full((64,), 0.7, dtype=torch.float32))
+    assert torch.equal(buffers[0].generator.get_state(), buffers[1].generator.get_state())
+    assert "discount" in buffers[0].sample_batch(8, n_step=1, recent=3)
+    assert "discount" not in buffers[0].sample_batch(8, recent=3)
 
 
 def test_configurable_keys_and_nested_rewards(tmp_path: Any) -> None:

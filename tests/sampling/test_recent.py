@@ -127,11 +127,11 @@ def test_recent_on_an_empty_buffer_raises(tmp_path: Any) -> None:
         rb.create_epoch_iterator(4, recent=3)
 
 
-def test_prioritized_buffer_refuses_a_window(tmp_path: Any) -> None:
+def test_prioritized_buffer_draws_from_a_window(tmp_path: Any) -> None:
+    """Exact distributions and weights: tests/test_prioritized.py; here the window is the newest rows."""
     rb = PrioritizedReplayBuffer("cpu", "cpu", 10, seed=0, storage_dir=tmp_path)
     rb.add_batch({"step": torch.arange(5)})
-    with pytest.raises(InvalidArgumentError, match="recent"):
-        rb.sample_batch(4, recent=2)
+    assert set(rb.sample_batch(200, recent=2)["step"].tolist()) == {3, 4}
     assert [s for b in rb.create_epoch_iterator(2, recent=2) for s in b["step"].tolist()] == [3, 4]
 
 

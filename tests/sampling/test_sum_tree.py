@@ -150,3 +150,80 @@ def test_cuda_tree_matches_cpu() -> None:
     cuda.rebuild(weights.cuda())
     masses = torch.rand(5000, dtype=torch.float64) * float(weights.sum())
     assert torch.equal(cpu.find(masses), cuda.find(masses.cuda()).cpu())
+
+
+def reference_find_in(weights: list[float], ranges: list[tuple[int, int]], mass: float) -> int:
+    """``reference_find`` over the slots of ``ranges`` only (in range order), mapped back to slots."""
+    slots = [s for lo, hi in ranges for s in range(lo, hi)]
+    return slots[reference_find([weights[s] for s in slots], mass)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    capacity=st.sampled_from([*CAPACITIES[:-1], 3000]),
+    cuts=st.lists(st.floats(0.0, 1.0), min_size=2, max_size=4),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_find_in_ranges_matches_reference_on_integer_weights(capacity: int, cuts: list[float], seed: int) -> None:
+    """Masses in [0, total of the ranges) map to the slot a search over the ranges' weights alone gives."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = torch.randint(0, 4, (capacity,), generator=gen).double()
+    bounds = sorted({min(capacity, int(c * (capacity + 1))) for c in cuts})
+    ranges = [(lo, hi) for lo, hi in itertools.pairwise(bounds) if lo < hi][::2]  # one or two disjoint ranges
+    if not ranges:
+        ranges = [(0, capacity)]
+    live = [s for lo, hi in ranges for s in range(lo, hi)]
+    weights[live[-1]] = 1.0  # some mass in the ranges
+    tree = SumTree(capacity)
+    tree.rebuild(weights)
+    total = float(sum(weights[s] for s in live))
+    assert float(tree.total_in(ranges)) == total
+    masses = torch.cat([torch.arange(0, total), torch.rand(300, generator=gen, dtype=torch.float64) * total])
+    masses = torch.cat([masses, torch.tensor([total, 2 * total], dtype=torch.float64)])  # beyond: last positive
+    found = tree.find_in(masses, ranges).tolist()
+    assert found == [reference_find_in(weights.tolist(), ranges, m) for m in masses.tolist()]
+
+
+def test_a_light_window_after_heavy_slots_keeps_its_resolution() -> None:
+    """The window's masses are not offset by the (huge) mass before it, so every slot stays reachable."""
+    weights = torch.cat([torch.full((2000,), 1e20, dtype=torch.float64), torch.tensor([1.0, 0.0, 2.0, 3.0])])
+    tree = SumTree(weights.numel())
+    tree.rebuild(weights)
+    ranges = [(2000, 2004)]
+    assert float(tree.total_in(ranges)) == 6.0
+    found = tree.find_in(torch.tensor([0.5, 1.0, 2.5, 3.0, 5.9], dtype=torch.float64), ranges)
+    assert found.tolist() == [2000, 2002, 2002, 2003, 2003]
+
+
+def test_sample_in_ranges_draws_in_proportion_within_the_ranges() -> None:
+    capacity = 5000
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.rand(capacity, generator=gen, dtype=torch.float64)
+    weights[::3] = 0.0
+    tree = SumTree(capacity)
+    tree.rebuild(weights)
+    ranges = [(4990, 5000), (0, 7)]  # a window across the end of the ring
+    slots = tree.sample_in(200_000, ranges, torch.Generator().manual_seed(4))
+    live = list(range(4990, 5000)) + list(range(7))
+    counts = torch.bincount(slots, minlength=capacity)
+    assert not counts[[s for s in range(capacity) if s not in live]].any()
+    share = weights[live] / weights[live].sum()
+    torch.testing.assert_close(counts[live].double() / slots.numel(), share, atol=4e-3, rtol=0.0)
+    assert bool((weights[slots] > 0).all())
+
+
+def test_find_in_ranges_covered_by_many_nodes() -> None:
+    """A window across the ring end of a 3-level tree needs hundreds of covering nodes (several groups)."""
+    capacity = 40_000
+    gen = torch.Generator().manual_seed(5)
+    weights = torch.randint(0, 4, (capacity,), generator=gen).double()
+    ranges = [(8_037, 39_990), (0, 7_001)]
+    tree = SumTree(capacity)
+    tree.rebuild(weights)
+    assert tree._cover(ranges)[0].numel() > 4 * tree.branching
+    slots = torch.cat([torch.arange(lo, hi) for lo, hi in ranges])
+    cumulative = weights[slots].cumsum(0)
+    total = float(cumulative[-1])
+    masses = torch.cat([torch.arange(0, total, 7.0), torch.rand(2000, generator=gen, dtype=torch.float64) * total])
+    expected = slots[torch.searchsorted(cumulative, masses, right=True)]
+    assert torch.equal(tree.find_in(masses, ranges), expected)

@@ -14,6 +14,7 @@ from objectrl_buffer.sampling.uniform import (
     num_batches,
     rows_still_held,
     uniform_slots,
+    window_ranges,
 )
 
 
@@ -115,3 +116,13 @@ def test_rows_still_held_matches_a_slot_by_slot_model(capacity: int) -> None:
                 break
             expected += 1
         assert rows_still_held(old_pointer, old_held, pointer, size, capacity) == expected
+
+
+@pytest.mark.parametrize(("pointer", "size", "capacity"), [s for s in ring_states(7) if s[1]])
+def test_window_ranges_cover_the_newest_rows_oldest_first(pointer: int, size: int, capacity: int) -> None:
+    """One or two contiguous slot ranges, together exactly the newest min(window, size) rows in age order."""
+    for window in range(1, capacity + 3):
+        ranges = window_ranges(pointer, size, capacity, window)
+        assert 1 <= len(ranges) <= 2 and all(0 <= lo < hi <= capacity for lo, hi in ranges)
+        slots = [s for lo, hi in ranges for s in range(lo, hi)]
+        assert slots == reference_chronological(pointer, size, capacity)[-window:]
