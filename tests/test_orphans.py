@@ -43,33 +43,35 @@ def children() -> Iterator[list[subprocess.Popen[str]]]:
         proc.wait()
 
 
-def start_child(parent: Path, started: list[subprocess.Popen[str]]) -> tuple[subprocess.Popen[str], Path]:
-    """A live child process owning a buffer folder in ``parent``; returns it and its folder."""
+def start_children(
+    parent: Path, n: int, started: list[subprocess.Popen[str]]
+) -> list[tuple[subprocess.Popen[str], Path]]:
+    """``n`` live child processes, each owning a buffer folder in ``parent``, started together (each
+    spends seconds importing torch); returns each with its folder."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(parent)], stdout=subprocess.PIPE, text=True, env=env)
-    started.append(proc)
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    assert line, "the child did not report its folder"
-    folder = Path(line)
-    assert folder.parent == parent and folder.is_dir()
-    return proc, folder
-
-
-def killed_child_folder(parent: Path, started: list[subprocess.Popen[str]]) -> Path:
-    """The folder a child left behind when it was killed with SIGKILL (no cleanup ran)."""
-    proc, folder = start_child(parent, started)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert folder.is_dir()  # leaked, as any killed process leaks it
-    return folder
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CHILD, str(parent)], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(n)
+    ]
+    started += procs
+    out = []
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        assert line, "the child did not report its folder"
+        folder = Path(line)
+        assert folder.parent == parent and folder.is_dir()
+        out.append((proc, folder))
+    return out
 
 
 def test_the_next_buffer_removes_a_killed_process_folder(tmp_path: Path, children: list) -> None:
     parent = tmp_path / "parent"
     parent.mkdir()
-    dead = killed_child_folder(parent, children)
-    _, alive = start_child(parent, children)
+    (killed, dead), (_, alive) = start_children(parent, 2, children)
+    killed.send_signal(signal.SIGKILL)  # no cleanup runs
+    killed.wait()
+    assert dead.is_dir()  # leaked, as any killed process leaks it
     with ReplayBuffer("cpu", "cpu", 10, storage_dir=parent) as rb:
         rb.add({"x": torch.zeros(2)})
         assert not dead.exists()  # its owner is gone: removed
