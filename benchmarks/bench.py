@@ -114,7 +114,7 @@ def atari_dir(args: argparse.Namespace) -> str:
 
 def atari_default_dir(params: dict[str, Any]) -> str:
     """Where objectrl_buffer's default placement puts workload 4's buffer on this machine, now."""
-    from objectrl_buffer.placement import default_parent
+    from objectrl_buffer.storage.placement import default_parent
 
     return default_parent(int(params["w4_cap"] * ATARI_ROW_MB * 2**20))
 
@@ -211,7 +211,7 @@ def report(rounds: list[dict[str, dict[str, Any]]], params: dict[str, Any], peer
         f"Machine: {machine()}  ",
         f"Versions: {versions()}  ",
         f"Storage folders (workload 4): objectrl_buffer default {atari_default_dir(params)} "
-        f"({fs_type(atari_default_dir(params))}, chosen by objectrl_buffer.placement); "
+        f"({fs_type(atari_default_dir(params))}, chosen by objectrl_buffer.storage.placement); "
         f"storage_dir {atari_dir(args)} ({fs_type(atari_dir(args))}); "
         f"limit, SB3, cpprb: anonymous memory; ObjectRL, torchrl: /dev/shm  ",
         f"Run: {'--quick' if args.quick else 'full sizes'}, device {args.device}, torch.set_num_threads(1), "

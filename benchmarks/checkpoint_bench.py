@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.checkpoint import wait_for_cleanup
+from objectrl_buffer.checkpoint.generations import wait_for_cleanup
 
 FIELDS = {
     "state": ((17,), torch.float32),

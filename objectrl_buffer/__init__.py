@@ -1,12 +1,12 @@
 """objectrl_buffer: a TorchRL-based replay buffer for GPU and CPU, a drop-in for ObjectRL's."""
 
 from objectrl_buffer import errors
-from objectrl_buffer.prioritized import PrioritizedReplayBuffer
-from objectrl_buffer.priority_index import torchrl_per_available
+from objectrl_buffer.core.schema import Field, Schema
+from objectrl_buffer.prioritized.buffer import PrioritizedReplayBuffer
+from objectrl_buffer.prioritized.index import torchrl_per_available
 from objectrl_buffer.replay_buffer import ReplayBuffer
-from objectrl_buffer.schema import Field, Schema
-from objectrl_buffer.sum_tree import SumTree
-from objectrl_buffer.trajectories import TransitionKeys
+from objectrl_buffer.sampling.slices import TransitionKeys
+from objectrl_buffer.sampling.sum_tree import SumTree
 
 __all__ = [
     "ReplayBuffer",

@@ -1,5 +1,5 @@
-"""``python -m objectrl_buffer``: the ``objectrl-buffer`` command (see :mod:`objectrl_buffer.cli`)."""
+"""``python -m objectrl_buffer``: the ``objectrl-buffer`` command (see :mod:`objectrl_buffer.cli.commands`)."""
 
-from objectrl_buffer.cli import main
+from objectrl_buffer.cli.commands import main
 
 raise SystemExit(main())

@@ -9,6 +9,7 @@ wraps, paths may be ``os.PathLike``, and bad input raises a clear error that cha
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
@@ -16,28 +17,38 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import RandomSampler, RoundRobinWriter, TensorDictReplayBuffer
 
-from objectrl_buffer.checkpoint import Checkpoint, Restored, build_from_checkpoint, load_checkpoint, save_checkpoint
-from objectrl_buffer.checkpoint_data import BufferState
+from objectrl_buffer.checkpoint.data import BufferState
+from objectrl_buffer.checkpoint.generations import (
+    Checkpoint,
+    Restored,
+    build_from_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from objectrl_buffer.core.envs import check_env_step, flatten_steps, whole_steps
+from objectrl_buffer.core.schema import INDEX_KEY, Key, Schema, require_mapping
+from objectrl_buffer.core.seeding import derived_seed
 from objectrl_buffer.errors import (
+    CheckpointError,
     EmptyBufferError,
     InvalidArgumentError,
     SchemaError,
     SlotIndexError,
     StaleIteratorError,
 )
-from objectrl_buffer.nstep import check_n_step, n_step_targets
-from objectrl_buffer.samplers import (
+from objectrl_buffer.sampling.nstep import check_n_step, n_step_targets
+from objectrl_buffer.sampling.slices import StoredRows, TransitionKeys, pad_slices, require_keys, slice_positions
+from objectrl_buffer.sampling.uniform import (
     chronological_slots,
     epoch_slots,
     num_batches,
     recent_slots,
+    rows_still_held,
     uniform_slots,
     window_slots,
 )
-from objectrl_buffer.schema import INDEX_KEY, Key, Schema, require_mapping
-from objectrl_buffer.storage import TransitionStorage, make_tensordict
-from objectrl_buffer.trajectories import StoredRows, TransitionKeys, pad_slices, require_keys, slice_positions
-from objectrl_buffer.transfer import StagingRing
+from objectrl_buffer.storage.staging import StagingRing
+from objectrl_buffer.storage.table import TransitionStorage, make_tensordict
 
 __all__ = ["ReplayBuffer"]
 
@@ -68,18 +79,28 @@ class ReplayBuffer:
             ``storage_dir``); any other device a torchrl ``LazyTensorStorage`` on that device.
         buffer_size: capacity in transitions (> 0). The oldest rows are overwritten once full.
         print_gc_warning: accepted for ObjectRL compatibility; unused (nothing here needs a GC retry).
-        seed: seed of the buffer's own ``torch.Generator`` (``None``: a random seed). Same seed and
-            same writes give the same samples and shuffles; global RNG state is never touched.
+        seed: seed of the buffer's own ``torch.Generator``. Same seed and same writes give the same
+            samples and shuffles; global RNG state is never touched. ``None``: derived from the global
+            torch seed (``torch.manual_seed``) and the order in which buffers are built, so two runs
+            seeded alike sample alike (see :mod:`~objectrl_buffer.core.seeding`).
         shuffle: default of ``shuffle`` for the epoch iterators (``False`` keeps ObjectRL's slot order).
             Setting it here lets unmodified ObjectRL trainers get shuffled epochs.
         storage_dir: parent folder for the CPU memmap files (e.g. a disk folder, to keep a large buffer
-            out of RAM). ``None`` chooses at the first write (:mod:`~objectrl_buffer.placement`):
+            out of RAM). ``None`` chooses at the first write (:mod:`~objectrl_buffer.storage.placement`):
             ``/dev/shm`` when the whole buffer takes at most a quarter of its free space, of the
             available memory and of the container's memory limit (all its pages are then reserved at
             once, so it never hits a full ``/dev/shm`` later), else the system temp folder
             (usually disk; reserved too where it is a tmpfs). A 64 MB ``/dev/shm`` works.
         transition_keys: names of the reward/next_state/terminated/truncated keys that n-step
             sampling and episode boundaries read (default: ObjectRL's names).
+        num_envs: envs of a vector environment (``gymnasium.make_vec``) written together (>= 1, a
+            divisor of ``buffer_size``). With ``num_envs > 1``, :meth:`add` takes one step of every env
+            (``[num_envs]``) and :meth:`add_batch` ``[T, num_envs]`` (time-major); env ``e`` of a step
+            goes to slot ``t * num_envs + e`` (mod ``buffer_size``), so a sample's env is
+            ``index % num_envs``. Counters (``len``, ``pointer``, ``recent``) stay in rows. Uniform
+            sampling draws over all rows; n-step returns and slices follow one env's stream and never
+            cross into another; :meth:`sample_all` returns ``[T, num_envs]``. See
+            :mod:`~objectrl_buffer.core.envs`.
 
     Attributes:
         device, storing_device (torch.device), buffer_size, data_size, pointer (int): ring state;
@@ -90,6 +111,10 @@ class ReplayBuffer:
     ``add_batch``) or a mapping of key -> tensor/array/number. The first write fixes the schema.
     Every sample is a new ``TensorDict`` on ``device`` (never a view of storage) carrying the stored
     keys plus ``"index"``: the storage slot of each row (int64).
+
+    ``pickle``, ``copy.deepcopy`` and ``torch.save``/``torch.load(weights_only=False)`` give a full,
+    independent buffer: its own storage holding the same rows at the same slots, the same counters,
+    settings and generator state; an epoch iterator is not carried over (``epoch_iterator`` is ``None``).
     """
 
     def __init__(
@@ -103,23 +128,26 @@ class ReplayBuffer:
         shuffle: bool = False,
         storage_dir: str | os.PathLike[str] | None = None,
         transition_keys: TransitionKeys | None = None,
+        num_envs: int = 1,
     ) -> None:
         self.device = torch.device(device)
         self.storing_device = torch.device(storing_device)
-        self.buffer_size = _positive_int(buffer_size, "buffer_size")
+        self.num_envs = _positive_int(num_envs, "num_envs")
+        self.buffer_size = self._env_multiple(_positive_int(buffer_size, "buffer_size"))
         self.print_gc_warning = print_gc_warning
         self.shuffle = shuffle
         self.storage_dir = storage_dir
         self.data_size = 0
         self.pointer = 0
+        # Rows counted in data_size that hold no data (a metadata-only load): always the oldest ones,
+        # so reads use the newest data_size - _phantom rows, and writes overwrite phantom rows first.
+        self._phantom = 0
         self.epoch_iterator: Iterator[TensorDict] | None = None
         self.transition_keys = TransitionKeys() if transition_keys is None else transition_keys
         self._random_recent: int | None = None  # recency window of get_next_batch's random sampling
         self.generator = torch.Generator(device=self.storing_device)
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
+        # seed=None follows the global torch seed, as upstream's global sampling does (see seeding.py)
+        self.generator.manual_seed(derived_seed() if seed is None else seed)
         self._generation = 0  # bumped by reset(): epoch iterators of an older generation are stale
         self._storage = TransitionStorage(self.buffer_size, self.storing_device, storage_dir)
         self._memory = self._make_memory()
@@ -139,6 +167,15 @@ class ReplayBuffer:
         self._storage.torchrl._len = self.data_size if self._storage.initialized else 0
         self._memory._writer._cursor = self.pointer
         return self._memory
+
+    def _env_multiple(self, buffer_size: int) -> int:
+        """``buffer_size`` if whole env steps fill it, else :class:`InvalidArgumentError`."""
+        if buffer_size % self.num_envs:
+            raise InvalidArgumentError(
+                f"buffer_size {buffer_size} is not a multiple of num_envs {self.num_envs}: every env step "
+                "takes num_envs slots"
+            )
+        return buffer_size
 
     def _make_memory(self) -> TensorDictReplayBuffer:
         # compilable: plain-int counters, no multiprocessing.Value and its semaphore in /dev/shm (see storage.py)
@@ -180,9 +217,11 @@ class ReplayBuffer:
         created before the reset raise :class:`StaleIteratorError` when advanced.
 
         Raises:
-            InvalidArgumentError: ``buffer_size`` is not a positive int (the buffer is unchanged).
+            InvalidArgumentError: ``buffer_size`` is not a positive int, or not a multiple of
+                ``num_envs`` (the buffer is unchanged).
         """
         new_size = self.buffer_size if buffer_size is None else _positive_int(buffer_size, "buffer_size")
+        self._env_multiple(new_size)
         if new_size != self.buffer_size:
             self._storage.resize(new_size)
             self.buffer_size = new_size
@@ -190,6 +229,7 @@ class ReplayBuffer:
             self._storage.release()
         self.data_size = 0
         self.pointer = 0
+        self._phantom = 0
         self._generation += 1
 
     def close(self) -> None:
@@ -199,7 +239,7 @@ class ReplayBuffer:
         :class:`ClosedBufferError`, and sampling :class:`EmptyBufferError`.
         """
         self._storage.close()
-        self.data_size = self.pointer = 0
+        self.data_size = self.pointer = self._phantom = 0
         self._generation += 1
         self.epoch_iterator = None
         self._staging = None
@@ -210,6 +250,50 @@ class ReplayBuffer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ------------------------------------------------------------------ copies
+    # Rebuilt by a copy, never copied: the storage (a copy gets its own, filled from the rows through
+    # the normal write path), the torchrl view of it, the pinned staging, and the epoch iterator (it
+    # reads the buffer it was made from). The generator travels as its state. multiprocessing's own
+    # pickler uses these too (a full copy); sharing the storage with a child process instead is a
+    # ForkingPickler.register of a reducer for the class, which takes precedence for that pickler only.
+    _NOT_COPIED = ("_storage", "_memory", "_staging", "epoch_iterator", "generator")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What ``pickle``, ``copy.deepcopy`` and ``torch.save`` keep: every setting and counter, the
+        generator state, the schema and the rows of slots ``0 .. data_size-1`` as new tensors (only the
+        filled slots, each at its slot)."""
+        state = {key: value for key, value in self.__dict__.items() if key not in self._NOT_COPIED}
+        storage = self._storage
+        rows = None
+        if storage.schema is not None:
+            rows = {key: column[: self.data_size].clone() for key, column in storage.columns.items()}
+        state["_copied_rows"] = (storage.schema, rows, storage.closed)
+        state["_copied_generator"] = (self.generator.device, self.generator.get_state())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild a buffer from :meth:`__getstate__`: its own storage (and private folder, removed at
+        :meth:`close` or exit) holding the same rows at the same slots; no epoch iterator."""
+        state = dict(state)
+        schema, rows, closed = state.pop("_copied_rows")
+        generator_device, generator_state = state.pop("_copied_generator")
+        # Tensor attributes (a subclass's priorities, ...) are cloned: multiprocessing's pickler hands
+        # tensors over in shared memory, which would tie the copy to the original.
+        self.__dict__.update({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
+        self.epoch_iterator = None
+        self.generator = torch.Generator(device=generator_device)
+        self.generator.set_state(generator_state)
+        self._storage = TransitionStorage(self.buffer_size, self.storing_device, None if closed else self.storage_dir)
+        if closed:
+            self._storage.close()
+        elif schema is not None:
+            self._storage.initialize(schema, {f.key: torch.zeros(f.shape, dtype=f.dtype) for f in schema.fields})
+            n = self.data_size
+            self._storage.write_rows(0, [(field, rows[field.key]) for field in schema.fields], first=0, n=n)
+        self._memory = self._make_memory()
+        cuda_from_cpu = self.device.type == "cuda" and self.storing_device.type == "cpu"
+        self._staging = StagingRing(self.device) if cuda_from_cpu else None
+
     # ------------------------------------------------------------------ writes
     def add(self, transition: Transition) -> None:
         """Store one transition at slot ``pointer``.
@@ -218,16 +302,26 @@ class ReplayBuffer:
             transition: a ``TensorDict`` with batch size ``[]`` or a mapping of key -> value, each value
                 one row (tensor, NumPy array or Python number). An ``"index"`` key is ignored.
 
+        With ``num_envs > 1``: one step of every env, a ``TensorDict`` of batch size ``[num_envs]`` or a
+        mapping of values with a leading dimension ``num_envs``; env ``e``'s row goes to slot
+        ``pointer + e``.
+
         Raises:
-            SchemaError: keys, shapes or dtypes differ from the stored schema (nothing is stored).
+            SchemaError: keys, shapes or dtypes differ from the stored schema, or (``num_envs > 1``) a
+                value's leading dimension is not ``num_envs`` (nothing is stored).
             InvalidArgumentError: a batched TensorDict (use :meth:`add_batch`) or a non-mapping.
         """
+        if self.num_envs > 1:  # before the fast path, which would take a dict of numbers as one row
+            self._add_env_step(transition)
+            return
         fast = self._storage.fast
         if fast is not None and fast.write_row(transition, self.pointer):
             pointer = self.pointer + 1
             self.pointer = pointer if pointer < self.buffer_size else 0
             if self.data_size < self.buffer_size:
                 self.data_size += 1
+            elif self._phantom:  # the full ring overwrote its oldest row: a phantom one
+                self._phantom -= 1
             return
         if isinstance(transition, TensorDictBase):
             if transition.batch_dims:
@@ -249,6 +343,13 @@ class ReplayBuffer:
         self.pointer = pointer + 1 if pointer + 1 < self.buffer_size else 0
         if self.data_size < self.buffer_size:
             self.data_size += 1
+        elif self._phantom:
+            self._phantom -= 1
+
+    def _add_env_step(self, step: Transition) -> tuple[int, int]:
+        """:meth:`add` with ``num_envs > 1``; returns ``(start, kept)`` as :meth:`_add_batch`."""
+        check_env_step(step, self.num_envs)
+        return self._add_batch(step, rows=True)
 
     def add_batch(self, batch: Transition) -> None:
         """Store ``N`` transitions at slots ``pointer, pointer+1, ...`` (wrapping around).
@@ -258,16 +359,24 @@ class ReplayBuffer:
                 leading dimension ``N``. When ``N > buffer_size`` only the newest ``buffer_size`` rows are
                 kept (as if added one by one). An ``"index"`` key is ignored.
 
+        With ``num_envs > 1``: ``T`` steps of every env, time-major (as a rollout is collected): a
+        ``TensorDict`` of batch size ``[T, num_envs]`` or a mapping of values of shape
+        ``[T, num_envs, ...]``; they are stored as ``T`` calls of :meth:`add` would store them.
+
         Raises:
             SchemaError: keys, per-row shapes or dtypes differ from the stored schema, or keys disagree
-                on ``N`` (nothing is stored).
-            InvalidArgumentError: a TensorDict whose batch size is not 1-D, or a non-mapping.
+                on ``N`` (nothing is stored); with ``num_envs > 1``, a value without the ``num_envs`` dimension.
+            InvalidArgumentError: a TensorDict whose batch size is not 1-D (2-D with ``num_envs > 1``),
+                or a non-mapping.
         """
         self._add_batch(batch)
 
-    def _add_batch(self, batch: Transition) -> tuple[int, int]:
+    def _add_batch(self, batch: Transition, rows: bool = False) -> tuple[int, int]:
         """:meth:`add_batch`; returns ``(start, kept)``: the rows kept went to slots ``start, start+1, ...``
-        (mod ``buffer_size``), ``kept`` of them (0 for an empty batch)."""
+        (mod ``buffer_size``), ``kept`` of them (0 for an empty batch). ``rows``: ``batch`` is already
+        ``[N]`` rows, even with ``num_envs > 1``."""
+        if self.num_envs > 1 and not rows:
+            batch = flatten_steps(batch, self.num_envs)
         fast = self._storage.fast
         if fast is not None:
             n = fast.write_batch(batch, self.pointer, self.buffer_size)
@@ -301,15 +410,22 @@ class ReplayBuffer:
         capacity = self.buffer_size
         kept = min(n, capacity)
         start = (self.pointer + n - kept) % capacity
+        if self._phantom:  # rows past the capacity overwrite the oldest ones, phantom ones first
+            self._phantom = max(0, self._phantom - max(0, self.data_size + n - capacity))
         self.pointer = (self.pointer + n) % capacity
         self.data_size = min(self.data_size + n, capacity)
         return start, kept
 
     # ------------------------------------------------------------------ reads
+    @property
+    def _held(self) -> int:
+        """Rows that hold data: the newest ``data_size - phantom`` (all of them but after a metadata-only load)."""
+        return self.data_size - self._phantom
+
     def _require_rows(self) -> None:
         if self.data_size == 0:
             raise EmptyBufferError("cannot sample from an empty buffer: add transitions first")
-        if self._storage.schema is None:
+        if self._storage.schema is None or self._phantom == self.data_size:
             raise EmptyBufferError(
                 f"the buffer counts {self.data_size} rows but holds no data: load() restored metadata only"
             )
@@ -367,6 +483,15 @@ class ReplayBuffer:
             if low < 0 or high >= self.data_size:
                 bad = low if low < 0 else high
                 raise SlotIndexError(f"index {bad} is out of range for a buffer of {self.data_size} rows")
+            if self._phantom:
+                position = (slots - (self.pointer - self.data_size)).remainder_(self.buffer_size)
+                phantom = position < self._phantom
+                if bool(phantom.any()):
+                    bad = int(slots[phantom][0])
+                    raise SlotIndexError(
+                        f"index {bad} is a slot that holds no data: the buffer counts {self.data_size} rows, "
+                        f"but only the newest {self._held} were written since load() restored counters only"
+                    )
         return slots
 
     def sample_batch(
@@ -380,9 +505,10 @@ class ReplayBuffer:
                 each drawn row on, ``next_state``/``terminated``/``truncated`` come from the row the sum
                 stopped at, and a ``discount`` key holds ``gamma ** steps`` (float32). The sum stops
                 early at an episode end (a truncation stops it but is not a termination) and at the
-                newest row. Key names: ``transition_keys``. See :mod:`objectrl_buffer.nstep`.
+                newest row. Key names: ``transition_keys``. See :mod:`objectrl_buffer.sampling.nstep`.
             gamma: the n-step discount, in ``[0, 1]`` (unused when ``n_step == 1``).
-            recent: draw only from the newest ``recent`` rows (all rows if fewer are stored).
+            recent: draw only from the newest ``recent`` rows (all rows if fewer are stored); with
+                ``num_envs > 1`` rounded up to whole env steps.
 
         Returns:
             TensorDict of batch size ``[batch_size]`` on ``device``, with ``"index"`` (slots).
@@ -394,16 +520,17 @@ class ReplayBuffer:
             SchemaError: n-step sampling needs a key that is not stored.
         """
         k = _positive_int(batch_size, "batch_size")
-        if n_step == 1 and recent is None:  # the per-gradient-step path: nothing else to decide
+        if n_step == 1 and recent is None and not self._phantom:  # the per-gradient-step path
             self._require_rows()
             return self._read(uniform_slots(self.data_size, k, self.generator))
         n, g = check_n_step(n_step, gamma)
-        window = None if recent is None else _positive_int(recent, "recent")
+        window = None if recent is None else whole_steps(_positive_int(recent, "recent"), self.num_envs)
         self._require_rows()
-        if window is None:
+        if window is None and not self._phantom:
             slots = uniform_slots(self.data_size, k, self.generator)
-        else:
-            slots = recent_slots(self.pointer, self.data_size, self.buffer_size, window, k, self.generator)
+        else:  # the newest rows: a window, or those that hold data
+            held = self._held
+            slots = recent_slots(self.pointer, held, self.buffer_size, window or held, k, self.generator)
         return self._read_transitions(slots, n, g)
 
     def _read_transitions(self, slots: torch.Tensor, n_step: int, gamma: float) -> TensorDict:
@@ -412,7 +539,15 @@ class ReplayBuffer:
             return self._read(slots)
         columns = self._storage.columns
         targets = n_step_targets(
-            columns, slots, self.pointer, self.data_size, self.buffer_size, n_step, gamma, self.transition_keys
+            columns,
+            slots,
+            self.pointer,
+            self._held,
+            self.buffer_size,
+            n_step,
+            gamma,
+            self.transition_keys,
+            stride=self.num_envs,
         )
         batch = self._read(slots, [key for key in columns if key not in targets])
         for key, value in targets.items():
@@ -432,7 +567,8 @@ class ReplayBuffer:
             TensorDict of batch size ``[len(indices)]`` on ``device``, with ``"index"``.
 
         Raises:
-            SlotIndexError: an index is negative or ``>= len(buffer)``.
+            SlotIndexError: an index is negative or ``>= len(buffer)``, or names a slot counted but holding
+                no data (after a metadata-only :meth:`load`).
             EmptyBufferError: the buffer holds no data.
         """
         slots = self._as_slots(indices)
@@ -466,6 +602,7 @@ class ReplayBuffer:
     ) -> TensorDict:
         """``num_slices`` runs of ``slice_len`` consecutive transitions, each inside one episode.
 
+        With ``num_envs > 1`` a slice is consecutive steps of one env (slots ``s, s + num_envs, ...``).
         A slice never crosses an episode end (a row with a non-zero ``terminated`` or ``truncated``,
         or ``done_key`` if given; the end row itself may be a slice's last row) nor the write head
         (the seam between the newest and the oldest row). Starts are drawn uniformly with replacement
@@ -479,7 +616,7 @@ class ReplayBuffer:
 
         Raises:
             InvalidArgumentError: ``num_slices`` or ``slice_len`` is not a positive int, or
-                ``slice_len > buffer_size``.
+                ``slice_len > buffer_size // num_envs`` (the steps one env holds).
             EmptyBufferError: the buffer holds no rows, or no slice fits (the message names the
                 longest stored episode segment).
             SchemaError: an episode-end key is not stored.
@@ -489,13 +626,16 @@ class ReplayBuffer:
         """
         k = _positive_int(num_slices, "num_slices")
         length = _positive_int(slice_len, "slice_len")
-        if length > self.buffer_size:
-            raise InvalidArgumentError(f"slice_len {length} is larger than the buffer ({self.buffer_size} rows)")
+        if length > self.buffer_size // self.num_envs:
+            per_env = "" if self.num_envs == 1 else f" per env, num_envs={self.num_envs}"
+            raise InvalidArgumentError(
+                f"slice_len {length} is larger than the buffer ({self.buffer_size // self.num_envs} rows{per_env})"
+            )
         self._require_rows()
         columns = self._storage.columns
         end_keys = self.transition_keys.episode_end if done_key is None else (done_key,)
         require_keys(columns, end_keys, "sample_slices")
-        rows = StoredRows(columns, end_keys, self.pointer, self.data_size, self.buffer_size)
+        rows = StoredRows(columns, end_keys, self.pointer, self._held, self.buffer_size, self.num_envs)
         positions, mask = slice_positions(rows, k, length, pad, self.generator)
         batch = self._read(rows.slots(positions.reshape(-1))).reshape(k, length)
         return pad_slices(batch, mask.to(self.device), INDEX_KEY) if pad else batch
@@ -503,16 +643,23 @@ class ReplayBuffer:
     def sample_all(self) -> TensorDict:
         """Every stored row, oldest to newest (also after the ring wraps), with ``"index"`` (slots).
 
+        Returns:
+            TensorDict of batch size ``[len]``; with ``num_envs > 1``, ``[T, num_envs]`` (``T = len //
+            num_envs`` steps, oldest first; column ``e`` is env ``e``'s stream), ready for a backward
+            GAE pass over the time dimension.
+
         Raises:
             EmptyBufferError: the buffer holds no data.
         """
         self._require_rows()
-        return self._read(chronological_slots(self.pointer, self.data_size, self.buffer_size, self.storing_device))
+        rows = self._read(chronological_slots(self.pointer, self._held, self.buffer_size, self.storing_device))
+        # slots are time-major (t * num_envs + e) and data_size counts whole steps
+        return rows if self.num_envs == 1 else rows.reshape(-1, self.num_envs)
 
     # ------------------------------------------------------------------ epochs and iterations
     def calculate_num_batches(self, batch_size: int) -> int:
         """Batches in one epoch: ``ceil(len / batch_size)``, counting the last partial one."""
-        return num_batches(self.data_size, _positive_int(batch_size, "batch_size"))
+        return num_batches(self._held, _positive_int(batch_size, "batch_size"))
 
     def create_epoch_iterator(
         self, batch_size: int, n_epochs: int = 1, shuffle: bool | None = None, *, recent: int | None = None
@@ -523,7 +670,8 @@ class ReplayBuffer:
         one of the ``N`` rows exactly once: in slot order, or a fresh permutation per epoch when
         ``shuffle`` (default: the buffer's ``shuffle``). Rows are read when each batch is yielded.
         With ``recent=m`` the epochs cover only the newest ``N = min(m, len)`` rows (oldest first
-        unless shuffled), those stored when the iterator is created.
+        unless shuffled), those stored when the iterator is created; with ``num_envs > 1``, ``m`` is
+        rounded up to whole env steps.
 
         Raises:
             InvalidArgumentError: ``batch_size``, ``n_epochs`` or ``recent`` is not a positive int.
@@ -531,12 +679,13 @@ class ReplayBuffer:
         """
         bs = _positive_int(batch_size, "batch_size")
         epochs = _positive_int(n_epochs, "n_epochs")
-        window = None if recent is None else _positive_int(recent, "recent")
+        window = None if recent is None else whole_steps(_positive_int(recent, "recent"), self.num_envs)
         self._require_rows()
         shuffle = self.shuffle if shuffle is None else shuffle
         rows = None
-        if window is not None:
-            rows = window_slots(self.pointer, self.data_size, self.buffer_size, window, self.storing_device)
+        if window is not None or self._phantom:  # the newest rows: a window, or those that hold data
+            held = self._held
+            rows = window_slots(self.pointer, held, self.buffer_size, window or held, self.storing_device)
         size = self.data_size if rows is None else rows.numel()
         # The generation is taken now, not at the first next(): a generator body runs lazily.
         self.epoch_iterator = self._epochs(self._generation, size, bs, epochs, shuffle, rows)
@@ -581,16 +730,17 @@ class ReplayBuffer:
         ``n_epochs > 0``: builds the epoch iterator and returns ``n_epochs * ceil(N / batch_size)``.
         Otherwise sets ``epoch_iterator = None`` (random sampling) and returns ``max_iter``.
         ``recent=m`` limits both to the newest ``m`` rows (``N = min(m, len)``); it applies to the
-        random batches of :meth:`get_next_batch` until the next call of this method.
+        random batches of :meth:`get_next_batch` until the next call of this method (with
+        ``num_envs > 1`` rounded up to whole env steps).
 
         Raises:
             InvalidArgumentError: ``recent`` is not a positive int (and as :meth:`create_epoch_iterator`).
         """
-        window = None if recent is None else _positive_int(recent, "recent")
+        window = None if recent is None else whole_steps(_positive_int(recent, "recent"), self.num_envs)
         if n_epochs > 0:
             self.create_epoch_iterator(batch_size, n_epochs, shuffle, recent=window)
             self._random_recent = window
-            rows = self.data_size if window is None else min(window, self.data_size)
+            rows = self._held if window is None else min(window, self._held)
             return n_epochs * num_batches(rows, _positive_int(batch_size, "batch_size"))
         self.epoch_iterator = None
         self._random_recent = window
@@ -609,7 +759,7 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike[str], data: bool = False, *, progress: bool | None = None) -> None:
-        """Save a checkpoint at ``path``; crash-safe (see :mod:`objectrl_buffer.checkpoint`).
+        """Save a checkpoint at ``path``; crash-safe (see :mod:`objectrl_buffer.checkpoint.generations`).
 
         ``data=False`` (ObjectRL's behaviour) writes only ``path + ".metadata"``: a dict of ints
         (``buffer_size``, ``data_size``, ``pointer``) readable by plain ``torch.load``. ``data=True``
@@ -628,13 +778,20 @@ class ReplayBuffer:
         """Restore what ``save(path, ...)`` wrote.
 
         A metadata-only checkpoint restores ``buffer_size``, ``data_size``, ``pointer`` (ObjectRL's
-        behaviour). A full checkpoint restores every row at its slot, the ring state, the schema, the
-        generator state (same next samples; on a storing device of another type the generator is
-        re-seeded with the saved seed instead) and ``shuffle``, onto this buffer's storing device.
+        behaviour). Rows it counts that this buffer does not hold (all of them in a new process) are
+        never returned: every read (sampling, n-step, slices, epochs, ``sample_all``, PER) uses only the
+        newest rows, those written since, and an index of such a slot raises :class:`SlotIndexError`.
+        ``len()`` and ``pointer`` stay as restored; rows written later replace the missing ones first as
+        the ring wraps. A ``RuntimeWarning`` says how many rows hold no data.
+
+        A full checkpoint restores every row at its slot, the ring state, the schema, the generator
+        state (same next samples; on a storing device of another type the generator is re-seeded with
+        the saved seed instead) and ``shuffle``, onto this buffer's storing device.
         ``verify`` checks every crc32 checksum (``False`` skips that read-time cost).
 
-        A buffer holding rows only loads a checkpoint of the same ``buffer_size`` (and schema); an
-        empty buffer adopts the saved capacity and schema.
+        A buffer holding rows only loads a checkpoint of the same ``buffer_size`` (and schema, and
+        ``num_envs``); an empty buffer adopts the saved capacity, schema and ``num_envs`` (a checkpoint
+        without ``num_envs``, from before it existed, has 1).
 
         Raises:
             CheckpointNotFoundError, CheckpointError: missing, damaged or unsupported checkpoint, or
@@ -658,7 +815,8 @@ class ReplayBuffer:
         ``device``/``storing_device`` default to those recorded at save time when available here,
         else ``"cpu"``. ``kwargs`` go to the constructor (``seed`` is overridden by a saved generator
         state; an explicit ``shuffle`` wins over the saved one; a subclass's saved settings, such as
-        a PrioritizedReplayBuffer's ``alpha``/``beta``/``eps``, are used unless given here).
+        a PrioritizedReplayBuffer's ``alpha``/``beta``/``eps``, are used unless given here; a full
+        checkpoint's ``num_envs`` is always the saved one: a different one given is a :class:`CheckpointError`).
 
         Raises:
             CheckpointNotFoundError, CheckpointError: as :meth:`load`.
@@ -678,9 +836,20 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ checkpoint hooks
     @classmethod
     def _checkpoint_kwargs(cls, ckpt: Checkpoint, given: dict[str, Any]) -> dict[str, Any]:
-        """The constructor keyword arguments of :meth:`from_checkpoint`: those ``given``, plus any a subclass
-        takes from the checkpoint (none here)."""
-        return dict(given)
+        """The constructor keyword arguments of :meth:`from_checkpoint`: those ``given``, plus the saved
+        ``num_envs`` of a full checkpoint and any a subclass takes from the checkpoint.
+
+        Raises:
+            CheckpointError: ``num_envs`` is given and differs from the saved one.
+        """
+        kwargs = dict(given)
+        if ckpt.manifest is not None:  # a metadata-only checkpoint keeps the buffer's num_envs
+            saved = ckpt.manifest.num_envs
+            if kwargs.setdefault("num_envs", saved) != saved:
+                raise CheckpointError(
+                    f"'{ckpt.data_folder}' was saved with num_envs={saved}, not num_envs={given['num_envs']}"
+                )
+        return kwargs
 
     def _checkpoint_state(self) -> BufferState:
         """References to everything a checkpoint holds (nothing is copied)."""
@@ -695,17 +864,32 @@ class ReplayBuffer:
             device=self.device,
             storing_device=self.storing_device,
             storage_dir=self.storage_dir,
+            phantom=self._phantom,
+            num_envs=self.num_envs,
         )
 
     def _check_checkpoint(self, restored: Restored) -> None:
         """Raise :class:`CheckpointError` if this buffer cannot adopt ``restored`` (a plain buffer adopts any)."""
 
     def _restore_checkpoint(self, restored: Restored) -> None:
-        """Adopt a checkpoint that :func:`~objectrl_buffer.checkpoint.load_checkpoint` has fully read and checked."""
+        """Adopt a checkpoint that :func:`~objectrl_buffer.checkpoint.generations.load_checkpoint` has checked."""
         if restored.storage is None:  # metadata only: counters over the rows held, as ObjectRL
             if restored.buffer_size != self.buffer_size:
                 self.reset(restored.buffer_size)
+            # only rows this buffer wrote are data; the counters may count more (all, in a new process)
+            held = self._held if self._storage.initialized else 0
+            held = rows_still_held(self.pointer, held, restored.pointer, restored.data_size, restored.buffer_size)
+            phantom = restored.data_size - held
+            if phantom:
+                warnings.warn(
+                    f"'{restored.source}' is a metadata-only checkpoint: {phantom} rows are counted "
+                    f"(len() == {restored.data_size}) but hold no data, and will not be sampled; rows "
+                    "written from now on replace them as the ring wraps",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         else:
+            phantom = restored.phantom
             old, self._storage = self._storage, restored.storage
             self.buffer_size = restored.buffer_size
             self._memory = self._make_memory()
@@ -720,3 +904,5 @@ class ReplayBuffer:
             self.shuffle = restored.shuffle
         self.data_size = restored.data_size
         self.pointer = restored.pointer
+        self._phantom = phantom
+        self.num_envs = restored.num_envs

@@ -13,7 +13,7 @@ import torch
 from conftest import fill
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.checkpoint import (
+from objectrl_buffer.checkpoint.generations import (
     FORMAT,
     FORMAT_VERSION,
     atomic_write,

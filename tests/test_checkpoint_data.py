@@ -25,9 +25,9 @@ from checkpoint_helpers import (
 )
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.checkpoint import verify_checkpoint, wait_for_cleanup
-from objectrl_buffer.checkpoint_io import interactive, progress_bar
-from objectrl_buffer.checkpoint_manifest import DATA_FORMAT, DATA_FORMAT_VERSION
+from objectrl_buffer.checkpoint.generations import verify_checkpoint, wait_for_cleanup
+from objectrl_buffer.checkpoint.io import interactive, progress_bar
+from objectrl_buffer.checkpoint.manifest import DATA_FORMAT, DATA_FORMAT_VERSION
 from objectrl_buffer.errors import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,8 +20,9 @@ import pytest
 import torch
 from checkpoint_helpers import assert_same, data_folder, edit_manifest, fill, snapshot, tree
 
-from objectrl_buffer import ReplayBuffer, checkpoint_data
-from objectrl_buffer.checkpoint import wait_for_cleanup
+from objectrl_buffer import ReplayBuffer
+from objectrl_buffer.checkpoint import data as checkpoint_data
+from objectrl_buffer.checkpoint.generations import wait_for_cleanup
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 
 

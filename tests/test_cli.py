@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from checkpoint_helpers import data_folder, fill
 
-from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer, cli
+from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from objectrl_buffer.cli import commands as cli
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ import pytest
 from checkpoint_helpers import assert_same, forkserver, snapshot, version
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.checkpoint import wait_for_cleanup
+from objectrl_buffer.checkpoint.generations import wait_for_cleanup
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forkserver + SIGKILL: Linux")
 

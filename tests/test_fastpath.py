@@ -260,7 +260,7 @@ def test_wide_rows_go_through_pwrite_and_read_back_exactly(tmp_path) -> None:
     """Atari-sized rows are written with os.pwrite into the memmap file; reads through the mapping see them."""
     import os
 
-    from objectrl_buffer.fastpath import WIDE_ROW_BYTES
+    from objectrl_buffer.storage.fast_write import WIDE_ROW_BYTES
 
     capacity = 7
     rb = ReplayBuffer("cpu", "cpu", capacity, seed=0, storage_dir=tmp_path)

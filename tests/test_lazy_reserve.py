@@ -17,7 +17,8 @@ import tempfile
 import pytest
 import torch
 
-from objectrl_buffer import ReplayBuffer, placement
+from objectrl_buffer import ReplayBuffer
+from objectrl_buffer.storage import placement
 
 CAPACITY = 1_000_000
 WIDTH = 8  # float32[8]: 32 bytes per row, 32 MB for the whole column

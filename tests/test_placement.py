@@ -11,8 +11,9 @@ import pytest
 import torch
 from conftest import fill, steps_of
 
-from objectrl_buffer import ReplayBuffer, placement, prefault
+from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.errors import ClosedBufferError
+from objectrl_buffer.storage import placement, prefault
 
 
 @pytest.fixture
@@ -126,11 +127,18 @@ def test_an_explicit_storage_dir_is_used_as_given(
     assert os.listdir(fake_shm) == []
 
 
+def fixed_free_space(monkeypatch: pytest.MonkeyPatch, folder: pathlib.Path) -> int:
+    """Freeze the free space statvfs reports for ``folder`` (other processes write to the same disk)."""
+    real = os.statvfs
+    frozen = real(folder)
+    monkeypatch.setattr(os, "statvfs", lambda path: frozen if pathlib.Path(path) == folder else real(path))
+    return frozen.f_bavail * frozen.f_frsize
+
+
 def test_room_is_the_smaller_of_free_space_and_available_memory(
     monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
 ) -> None:
-    st = os.statvfs(tmp_path)
-    free = st.f_bavail * st.f_frsize
+    free = fixed_free_space(monkeypatch, tmp_path)
     monkeypatch.setattr(placement, "_mem_available", lambda: 1234)
     assert placement.ram_room(str(tmp_path)) == 1234
     monkeypatch.setattr(placement, "_mem_available", lambda: None)
@@ -249,8 +257,7 @@ def test_a_container_memory_limit_bounds_the_room(
     monkeypatch.setattr(placement, "CGROUP_ROOT", str(tmp_path / "cg"))
     assert placement._cgroup_headroom() == headroom
     monkeypatch.setattr(placement, "_mem_available", lambda: None)
-    st = os.statvfs(tmp_path)
-    free = st.f_bavail * st.f_frsize
+    free = fixed_free_space(monkeypatch, tmp_path)
     assert placement.ram_room(str(tmp_path)) == (free if headroom is None else min(free, headroom))
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from objectrl_buffer import prefault
+from objectrl_buffer.storage import prefault
 
 
 @pytest.mark.parametrize(("start", "stop"), [(0, 1 << 20), (123, 50_000), (4096, 8192), (10, 20), (0, 0)])

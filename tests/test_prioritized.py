@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from objectrl_buffer import PrioritizedReplayBuffer, priority_index, torchrl_per_available
+from objectrl_buffer import PrioritizedReplayBuffer, torchrl_per_available
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SlotIndexError
+from objectrl_buffer.prioritized import index as priority_index
 
 logging.getLogger("torchrl").setLevel(logging.WARNING)
 

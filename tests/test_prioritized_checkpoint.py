@@ -17,7 +17,8 @@ import pytest
 import torch
 from checkpoint_helpers import assert_same, data_folder, edit_manifest, fill, round_trip_in_fresh_process, snapshot
 
-from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer, cli
+from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from objectrl_buffer.cli import commands as cli
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 
 REPO = Path(__file__).resolve().parents[1]

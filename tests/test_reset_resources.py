@@ -19,7 +19,7 @@ from conftest import fill, objectrl_batch, objectrl_transition, open_fds
 from tensordict import TensorDict
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.folders import LOCK_NAME
+from objectrl_buffer.storage.folders import LOCK_NAME
 
 N_RESETS = 10_000
 N_RESIZES = 1_000

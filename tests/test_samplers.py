@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
-from objectrl_buffer.samplers import chronological_slots, epoch_slots, num_batches, uniform_slots
+from objectrl_buffer.sampling.uniform import (
+    chronological_slots,
+    epoch_slots,
+    num_batches,
+    rows_still_held,
+    uniform_slots,
+)
 
 
 def ring_states(max_capacity: int) -> list[tuple[int, int, int]]:
@@ -92,3 +99,19 @@ def test_epoch_slots_unshuffled_does_not_consume_randomness() -> None:
     state = gen.get_state()
     list(epoch_slots(20, 6, False, gen))
     assert torch.equal(gen.get_state(), state)
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 6])
+def test_rows_still_held_matches_a_slot_by_slot_model(capacity: int) -> None:
+    for old_pointer, old_held, pointer, size in itertools.product(
+        range(capacity), range(capacity + 1), range(capacity), range(capacity + 1)
+    ):
+        age = {(old_pointer - 1 - j) % capacity: j for j in range(old_held)}  # 0: the newest row written
+        # walk back from the new newest row while each slot holds the next older written row (time order kept)
+        expected = 0
+        while expected < size and (pointer - 1 - expected) % capacity in age:
+            slot = (pointer - 1 - expected) % capacity
+            if expected and age[slot] != age[(slot + 1) % capacity] + 1:
+                break
+            expected += 1
+        assert rows_still_held(old_pointer, old_held, pointer, size, capacity) == expected

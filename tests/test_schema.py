@@ -10,8 +10,8 @@ import torch
 from conftest import objectrl_batch, objectrl_transition
 from tensordict import TensorDict
 
+from objectrl_buffer.core.schema import INDEX_KEY, Field, Schema, format_key, leaves, require_mapping
 from objectrl_buffer.errors import InvalidArgumentError, SchemaError
-from objectrl_buffer.schema import INDEX_KEY, Field, Schema, format_key, leaves, require_mapping
 
 
 def test_infer_from_an_objectrl_transition() -> None:

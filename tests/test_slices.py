@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SchemaError
-from objectrl_buffer.trajectories import StoredRows, slice_positions
+from objectrl_buffer.sampling.slices import StoredRows, slice_positions
 
 logging.getLogger("torchrl").setLevel(logging.WARNING)
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from objectrl_buffer.folders import LOCK_NAME
-from objectrl_buffer.schema import Schema
-from objectrl_buffer.storage import TransitionStorage, make_tensordict
+from objectrl_buffer.core.schema import Schema
+from objectrl_buffer.storage.folders import LOCK_NAME
+from objectrl_buffer.storage.table import TransitionStorage, make_tensordict
 
 CPU = torch.device("cpu")
 
@@ -36,7 +36,7 @@ def storage(tmp_path: pathlib.Path) -> TransitionStorage:
 
 def test_folder_is_private_and_lazy(storage: TransitionStorage, tmp_path: pathlib.Path) -> None:
     assert storage.folder is not None and pathlib.Path(storage.folder).parent == tmp_path
-    assert os.listdir(storage.folder) == [LOCK_NAME]  # held by this process (see objectrl_buffer.folders)
+    assert os.listdir(storage.folder) == [LOCK_NAME]  # held by this process (see objectrl_buffer.storage.folders)
     assert not storage.initialized and storage.nbytes == 0
     init(storage, {"x": torch.zeros(3), "n": 1})
     assert storage.initialized

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from objectrl_buffer.sum_tree import SumTree
+from objectrl_buffer.sampling.sum_tree import SumTree
 
 # Capacities around the level boundaries of a 32-ary tree (1, 2 and 3 levels) and a deep one.
 CAPACITIES = [1, 2, 31, 32, 33, 1023, 1024, 1025, 40_000]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.transfer import StagingRing
+from objectrl_buffer.storage.staging import StagingRing
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

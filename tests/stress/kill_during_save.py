@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.checkpoint import wait_for_cleanup
+from objectrl_buffer.checkpoint.generations import wait_for_cleanup
 
 SHIFT = 40  # step = child << SHIFT | row number
 GENERATION = re.compile(r"run\.data-[0-9a-f]{16}")

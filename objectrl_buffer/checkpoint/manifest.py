@@ -29,6 +29,9 @@ own state: ``arrays`` are raw files like the columns (any shape, ``bytes = prod(
 crc32, file name ``extra-<name>.bin``), ``values`` small JSON scalars (finite numbers, bools,
 strings). Names are dotted, the owner first (``prioritized.priority``). The key was added within data
 format version 1: a reader that predates it ignores it and loads the rows without the extras.
+``ring.num_envs`` (optional, added within data format version 1, written only when not 1; absent
+means 1) is the buffer's number of vector envs: it divides the other three ring values. A reader
+that predates it ignores it and loads the rows as one env's.
 Parsing never executes anything: ``json.loads``, then type and range checks of every field.
 """
 
@@ -50,8 +53,8 @@ from typing import Any, TypeAlias
 
 import torch
 
+from objectrl_buffer.core.schema import INDEX_KEY, Field, Key, Schema, format_key
 from objectrl_buffer.errors import CheckpointError
-from objectrl_buffer.schema import INDEX_KEY, Field, Key, Schema, format_key
 
 __all__ = [
     "DATA_FORMAT",
@@ -119,6 +122,7 @@ class Manifest:
     format_version: int
     extra_arrays: tuple[ExtraArray, ...] = ()
     extra_values: dict[str, ExtraValue] = field(default_factory=dict)
+    num_envs: int = 1
 
     @property
     def schema(self) -> Schema | None:
@@ -181,6 +185,8 @@ def manifest_bytes(
     storing_device: torch.device,
     extra_arrays: Sequence[ExtraArray] = (),
     extra_values: Mapping[str, ExtraValue] | None = None,
+    *,
+    num_envs: int = 1,
 ) -> bytes:
     """The manifest of a data folder holding ``columns``, as UTF-8 JSON. ``ring``: (buffer_size, data_size, pointer).
 
@@ -217,6 +223,8 @@ def manifest_bytes(
         },
         "devices": {"device": str(device), "storing_device": str(storing_device)},
     }
+    if num_envs != 1:  # a one-env manifest stays as it was before vector envs
+        manifest["ring"]["num_envs"] = num_envs
     values = dict(extra_values or {})
     if extra_arrays or values:
         for name, value in values.items():
@@ -338,6 +346,12 @@ def parse_manifest(payload: bytes, where: str) -> Manifest:
         _require(all(_int(v) for v in (capacity, rows, pointer)), where, "ring values must be ints >= 0")
         _require(capacity > 0 and rows <= capacity and pointer < capacity, where, f"bad ring state {ring}")
         _require(rows == capacity or pointer == rows, where, f"bad ring state {ring}")
+        num_envs = ring.get("num_envs", 1)
+        _require(
+            _int(num_envs) and num_envs > 0 and not (capacity % num_envs or rows % num_envs or pointer % num_envs),
+            where,
+            f"num_envs {num_envs!r} does not divide the ring state {ring}",
+        )
         manifest = Manifest(
             capacity,
             rows,
@@ -352,6 +366,7 @@ def parse_manifest(payload: bytes, where: str) -> Manifest:
             raw.get("created", {}),
             version,
             *_parse_extras(raw.get("extras"), where),
+            num_envs=num_envs,
         )
     except (KeyError, TypeError) as exc:
         raise CheckpointError(f"'{where}' is not a valid manifest: missing or malformed {exc}") from None

@@ -6,7 +6,7 @@ Layout of ``<path>.data-<16 hex digits>/`` (data format version 1)::
     001-action.bin     (recorded in the manifest, little-endian on every platform we know), no header
     ...
     extra-prioritized.priority.bin   an extra array of a buffer subclass (raw, C order), if it has any
-    manifest.json      written last: what the folder holds (see :mod:`~objectrl_buffer.checkpoint_manifest`)
+    manifest.json      written last: what the folder holds (see :mod:`~objectrl_buffer.checkpoint.manifest`)
 
 Rows are stored in **slot order** (file row ``i`` is storage slot ``i``), so a load puts every row back
 in its slot, ``pointer`` needs no remapping, and the restored generator draws the same slots as the
@@ -33,8 +33,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from objectrl_buffer.checkpoint_io import Crc32, Progress, fsync_path, progress_bar, readinto_exact, write_all
-from objectrl_buffer.checkpoint_manifest import (
+from objectrl_buffer.checkpoint.io import (
+    Crc32,
+    Progress,
+    fsync_path,
+    progress_bar,
+    readinto_exact,
+    write_all,
+)
+from objectrl_buffer.checkpoint.manifest import (
     MANIFEST,
     Column,
     ExtraArray,
@@ -45,9 +52,9 @@ from objectrl_buffer.checkpoint_manifest import (
     manifest_bytes,
     parse_manifest,
 )
+from objectrl_buffer.core.schema import Key, Schema, format_key
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
-from objectrl_buffer.prefault import PrefaultAhead
-from objectrl_buffer.schema import Key, Schema, format_key
+from objectrl_buffer.storage.prefault import PrefaultAhead
 
 __all__ = ["CHUNK_BYTES", "BufferState", "write_data_folder", "read_manifest", "read_data", "verify_data"]
 
@@ -66,6 +73,7 @@ class BufferState:
     ``storing_device``; only its first ``data_size`` rows are saved. ``extra_arrays`` (any shape,
     dtype and device) and ``extra_values`` (finite numbers, bools, strings) are a subclass's own state,
     saved whole under their names (dotted, owner first: ``"prioritized.priority"``).
+    ``phantom`` goes into the metadata file of a full checkpoint (see :mod:`objectrl_buffer.checkpoint.generations`).
     """
 
     buffer_size: int
@@ -80,6 +88,8 @@ class BufferState:
     storage_dir: str | os.PathLike[str] | None
     extra_arrays: Mapping[str, torch.Tensor] = field(default_factory=dict)
     extra_values: Mapping[str, ExtraValue] = field(default_factory=dict)
+    phantom: int = 0  # the oldest rows counted in data_size that hold no data (after a metadata-only load)
+    num_envs: int = 1
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -96,7 +106,7 @@ def _write_files(folder: str, payloads: list[tuple[str, torch.Tensor]], progress
     """Write each ``(file name, flat uint8 tensor)`` as a new file in ``folder``; fsync them; return their crc32s.
 
     Each file's fsync runs on a worker while the next file is written, and the checksums on another
-    (see :mod:`~objectrl_buffer.checkpoint_io`). Tensors on an accelerator go through one host chunk.
+    (see :mod:`~objectrl_buffer.checkpoint.io`). Tensors on an accelerator go through one host chunk.
     """
     fds: list[int] = []
     crcs: list[Crc32] = []
@@ -164,6 +174,7 @@ def write_data_folder(folder: str, state: BufferState, progress: bool | None = N
         state.storing_device,
         extra_arrays,
         state.extra_values,
+        num_envs=state.num_envs,
     )
     fd = os.open(os.path.join(folder, MANIFEST), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -241,7 +252,7 @@ def _copy_files(folder: str, files: list[_File], verify: bool, bar: Progress) ->
     """Stream every file in chunks into its target when it has one; check crc32s if ``verify``.
 
     CPU targets are read straight into, in :data:`PREFAULT_BYTES` chunks that two worker threads map
-    a few chunks ahead of the reader (:class:`~objectrl_buffer.prefault.PrefaultAhead`), and their
+    a few chunks ahead of the reader (:class:`~objectrl_buffer.storage.prefault.PrefaultAhead`), and their
     checksums run on another worker while the next chunks and files are read; the crc32s are compared
     once everything is read. Other targets go through two alternating host chunks, so the checksum of
     one chunk runs while the next is read.

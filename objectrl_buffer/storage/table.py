@@ -1,10 +1,10 @@
 """Where rows live: a torchrl storage on the storing device, and cheap per-key access to it.
 
 * CPU: torchrl ``LazyMemmapStorage`` with its files in a private folder, made in ``storage_dir`` when
-  the user names one. Otherwise :mod:`~objectrl_buffer.placement` picks the parent when the row size
+  the user names one. Otherwise :mod:`~objectrl_buffer.storage.placement` picks the parent when the row size
   is known (first write): ``/dev/shm`` if the whole buffer fits there with room to spare, the
   disk-backed temp folder if not, so a 64 MB ``/dev/shm`` never stops it. Each private folder holds a
-  lock its process keeps (:mod:`~objectrl_buffer.folders`), so folders of killed processes are found
+  lock its process keeps (:mod:`~objectrl_buffer.storage.folders`), so folders of killed processes are found
   and removed at the next first allocation.
 * Any other device (CUDA, MPS, ...): torchrl ``LazyTensorStorage`` on that device.
 
@@ -16,7 +16,7 @@ column write or gather costs ~2-10 us per key (see ``benchmarks/``).
 
 On the CPU the same memory is also viewed as NumPy arrays (``arrays``): ``ndarray.take`` gathers 256
 rows ~1.5x faster than ``index_select``, a contiguous slice copies ~2x faster than ``Tensor.clone``,
-and :class:`~objectrl_buffer.fastpath.FastWriter` writes single rows through them.
+and :class:`~objectrl_buffer.storage.fast_write.FastWriter` writes single rows through them.
 
 RAM-backed files (the default placement) are reserved lazily, in proportion to the rows written: slots
 ``0 .. reserved-1`` are reserved (``posix_fallocate``) and mapped (``MADV_POPULATE_WRITE``), and a write
@@ -52,11 +52,11 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.storages import TensorStorage
 
-from objectrl_buffer import folders, placement
+from objectrl_buffer.core.schema import Key, Schema
 from objectrl_buffer.errors import ClosedBufferError
-from objectrl_buffer.fastpath import FastWriter, numpy_views
-from objectrl_buffer.prefault import populate_all
-from objectrl_buffer.schema import Key, Schema
+from objectrl_buffer.storage import folders, placement
+from objectrl_buffer.storage.fast_write import FastWriter, numpy_views
+from objectrl_buffer.storage.prefault import populate_all
 
 __all__ = ["RESERVE_STEP_BYTES", "TransitionStorage", "make_tensordict"]
 
@@ -97,7 +97,7 @@ class TransitionStorage:
         capacity: number of rows (slots), > 0.
         device: the storing device. CPU gives memory-mapped files, anything else device tensors.
         directory: parent folder for the CPU memmap files, where a private sub-folder is created at
-            once. ``None``: :mod:`~objectrl_buffer.placement` chooses the parent at the first
+            once. ``None``: :mod:`~objectrl_buffer.storage.placement` chooses the parent at the first
             :meth:`initialize`. The sub-folder is removed by :meth:`close` (or at exit).
     """
 
@@ -172,7 +172,7 @@ class TransitionStorage:
 
         Reuses what :meth:`release` kept when ``schema`` is the same (files, mappings, reserved rows).
         Placed in RAM by default (``/dev/shm``, or a temp folder that is a tmpfs; see
-        :mod:`~objectrl_buffer.placement`), no row is reserved yet: writes reserve and map rows as they
+        :mod:`~objectrl_buffer.storage.placement`), no row is reserved yet: writes reserve and map rows as they
         reach them (:meth:`_grow`). ``populate`` is kept for callers of older versions and unused: a
         loader that fills rows itself calls :meth:`reserve_rows` with ``populate=False``.
 

@@ -7,7 +7,7 @@ Slots that hold no row have weight zero and are never drawn.
 * :class:`TorchRLIndex` wraps torchrl's ``PrioritizedSampler`` (its C++/CUDA segment trees). It is
   used when torchrl's compiled extension loads, which :func:`torchrl_per_available` probes once per
   device type, catching the failure.
-* :class:`TreeIndex` is our :class:`~objectrl_buffer.sum_tree.SumTree` in plain torch: the fallback,
+* :class:`TreeIndex` is our :class:`~objectrl_buffer.sampling.sum_tree.SumTree` in plain torch: the fallback,
   with the same distribution (``tests/test_prioritized.py`` checks the two agree where torchrl loads).
 
 The buffer keeps the raw priorities itself (for importance weights and checkpoints); an index only
@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeAlias
 import torch
 
 from objectrl_buffer.errors import InvalidArgumentError
-from objectrl_buffer.sum_tree import SumTree
+from objectrl_buffer.sampling.sum_tree import SumTree
 
 __all__ = [
     "Backend",

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from objectrl_buffer.schema import INDEX_KEY, Key, Schema
+from objectrl_buffer.core.schema import INDEX_KEY, Key, Schema
 
 __all__ = ["FastWriter", "numpy_views", "WIDE_ROW_BYTES"]
 

@@ -6,6 +6,10 @@ in time, ``R = sum_{j < m} gamma^j r_{s+j}``, and bootstraps from the row where 
 early (``m < n``) at the first row that ends an episode (``terminated`` or ``truncated``; a truncated
 row stops the sum but is not terminal, so a trainer still bootstraps from its ``next_state``) and at
 the newest stored row (the write head): rows past it belong to another time.
+
+With a vector environment (``stride = num_envs``, see :mod:`~objectrl_buffer.core.envs`) "the rows that
+follow" are those of the same env, ``s + stride, s + 2 * stride, ...``, and the write head is that
+env's newest row.
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ from collections.abc import Mapping
 
 import torch
 
+from objectrl_buffer.core.schema import Key
 from objectrl_buffer.errors import InvalidArgumentError
-from objectrl_buffer.schema import Key
-from objectrl_buffer.trajectories import TransitionKeys, episode_ends, require_keys
+from objectrl_buffer.sampling.slices import TransitionKeys, episode_ends, require_keys
 
 __all__ = ["check_n_step", "n_step_targets"]
 
@@ -43,6 +47,7 @@ def n_step_targets(
     n_step: int,
     gamma: float,
     keys: TransitionKeys,
+    stride: int = 1,
 ) -> dict[Key, torch.Tensor]:
     """n-step values for the transitions at ``slots`` (1-D int64, on the columns' device).
 
@@ -52,6 +57,8 @@ def n_step_targets(
         pointer, size, capacity: the ring state (``pointer`` is the next slot written).
         n_step: the most rewards summed (>= 1). gamma: the discount.
         keys: which keys hold reward, next_state, terminated, truncated; where discount goes.
+        stride: slots between two consecutive rows of one env (``num_envs``; divides ``capacity``,
+            ``pointer`` and ``size``).
 
     Returns:
         On the columns' device, batch dimension ``k = len(slots)``:
@@ -67,10 +74,10 @@ def n_step_targets(
     device = slots.device
     k = slots.numel()
     offsets = torch.arange(n_step, device=device)
-    window = (slots.unsqueeze(1) + offsets).remainder_(capacity)  # [k, n]
-    # Rows from each slot to the newest one (inclusive): the write head is never crossed.
+    window = (slots.unsqueeze(1) + offsets * stride).remainder_(capacity)  # [k, n]
+    # Rows of the env from each slot to its newest one (inclusive): the write head is never crossed.
     oldest = (pointer - size) % capacity
-    available = size - (slots - oldest).remainder_(capacity)  # [k], >= 1
+    available = (size - (slots - oldest).remainder_(capacity) + stride - 1) // stride  # [k], >= 1
     ends = episode_ends(columns, window, ends_keys).long()  # [k, n]
     ended_before = ends.cumsum(1) - ends  # episode ends among the earlier rows of the window
     used = (ended_before == 0) & (offsets < available.unsqueeze(1))  # a prefix of each row, >= 1 long

@@ -20,7 +20,7 @@ Conventions (each one a choice among the published ones, stated here once):
   is likely to be replayed soon (baselines' convention).
 
 Checkpoints: ``save(path, data=True)`` keeps the priorities, ``max_priority`` and the settings, and
-``load``/``from_checkpoint`` restore them: see :mod:`objectrl_buffer.prioritized_checkpoint`.
+``load``/``from_checkpoint`` restore them: see :mod:`objectrl_buffer.prioritized.checkpoint`.
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from objectrl_buffer.checkpoint import Checkpoint, Restored
-from objectrl_buffer.checkpoint_data import BufferState
+from objectrl_buffer.checkpoint.data import BufferState
+from objectrl_buffer.checkpoint.generations import Checkpoint, Restored
 from objectrl_buffer.errors import CheckpointError, EmptyBufferError, InvalidArgumentError
-from objectrl_buffer.nstep import check_n_step
-from objectrl_buffer.prioritized_checkpoint import priority_extras, saved_priorities, saved_settings
-from objectrl_buffer.priority_index import Backend, PriorityIndex, check_backend, make_priority_index
+from objectrl_buffer.prioritized.checkpoint import priority_extras, saved_priorities, saved_settings
+from objectrl_buffer.prioritized.index import Backend, PriorityIndex, check_backend, make_priority_index
 from objectrl_buffer.replay_buffer import ReplayBuffer, Slots, Transition, _positive_int
+from objectrl_buffer.sampling.nstep import check_n_step
+from objectrl_buffer.sampling.uniform import chronological_slots
 
 __all__ = ["PrioritizedReplayBuffer", "WEIGHT_KEY"]
 
@@ -251,7 +252,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     # ------------------------------------------------------------------ writes and lifecycle
     def add(self, transition: Transition) -> None:
-        """As :meth:`ReplayBuffer.add`; the new row gets :attr:`max_priority`."""
+        """As :meth:`ReplayBuffer.add`; the new row (each env's, with ``num_envs > 1``) gets :attr:`max_priority`."""
+        if self.num_envs > 1:
+            start, kept = self._add_env_step(transition)
+            self._give_new_rows_max_priority(torch.arange(start, start + kept, device=self.storing_device))
+            return
         slot = self.pointer
         super().add(transition)
         self._priority[slot] = self._max_priority
@@ -287,6 +292,21 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """
         super().load(path, verify=verify, progress=progress)
 
+    # ------------------------------------------------------------------ copies
+    def __getstate__(self) -> dict[str, Any]:
+        """As :meth:`ReplayBuffer.__getstate__`, with the raw priorities, :attr:`max_priority`,
+        ``alpha``/``beta``/``eps`` and the backend; the index is rebuilt from the priorities."""
+        state = super().__getstate__()
+        del state["_index"]  # torchrl's compiled trees do not pickle; rebuilt exactly from the priorities
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        capacity = self._priority.numel()  # 0 after close()
+        self._index = make_priority_index(self._backend, max(capacity, 1), self.storing_device, self._alpha, self._eps)
+        if capacity:
+            self._index.rebuild(self._priority, self.data_size)
+
     # ------------------------------------------------------------------ checkpoint hooks
     @classmethod
     def _checkpoint_kwargs(cls, ckpt: Checkpoint, given: dict[str, Any]) -> dict[str, Any]:
@@ -295,7 +315,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Raises:
             CheckpointError: a saved setting that is used is out of range (naming the manifest).
         """
-        kwargs = dict(given)
+        kwargs = super()._checkpoint_kwargs(ckpt, given)
         saved, where = saved_settings(ckpt)
         for name, value in saved.items():
             if name not in given:
@@ -358,12 +378,27 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             )
         n, g = (1, 0.0) if n_step == 1 else check_n_step(n_step, gamma)
         self._require_rows()
-        if self._eps == 0 and not self._index.total() > 0:  # total() syncs: only eps == 0 can make it 0
-            raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")
-        slots = self._index.draw(k, self.data_size, self.generator)
+        if self._phantom:
+            slots = self._draw_held(k)
+        else:
+            if self._eps == 0 and not self._index.total() > 0:  # total() syncs: only eps == 0 can make it 0
+                raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")
+            slots = self._index.draw(k, self.data_size, self.generator)
         batch = self._read_transitions(slots, n, g)
         batch.set(WEIGHT_KEY, self._to_device(self.importance_weights(slots)))
         return batch
+
+    def _draw_held(self, k: int) -> torch.Tensor:
+        """``k`` slots drawn as :meth:`sample_batch` does, among the rows that hold data only.
+
+        For the time after a metadata-only load, while the counters still count rows that hold no data
+        (the index covers every counted slot): an exact draw in ``O(rows held)``, not ``O(k log N)``.
+        """
+        slots = chronological_slots(self.pointer, self._held, self.buffer_size, self.storing_device)
+        weights = (self._priority.index_select(0, slots) + self._eps).pow_(self._alpha)
+        if not bool(weights.sum() > 0):
+            raise EmptyBufferError("every stored row has priority 0 (with eps=0): no row can be drawn")
+        return slots[torch.multinomial(weights, k, replacement=True, generator=self.generator)]
 
     def importance_weights(self, slots: torch.Tensor) -> torch.Tensor:
         """``(P(i) / min_j P(j))^-beta`` over the given slots (float32, on the storing device)."""

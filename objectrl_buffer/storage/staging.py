@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from objectrl_buffer.schema import Key
+from objectrl_buffer.core.schema import Key
 
 __all__ = ["StagingRing"]
 

@@ -10,7 +10,15 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["num_batches", "uniform_slots", "chronological_slots", "epoch_slots", "recent_slots", "window_slots"]
+__all__ = [
+    "num_batches",
+    "uniform_slots",
+    "chronological_slots",
+    "epoch_slots",
+    "recent_slots",
+    "window_slots",
+    "rows_still_held",
+]
 
 
 def num_batches(n_rows: int, batch_size: int) -> int:
@@ -61,3 +69,16 @@ def recent_slots(
 def window_slots(pointer: int, size: int, capacity: int, window: int, device: torch.device) -> torch.Tensor:
     """Slots of the newest ``min(window, size)`` rows, oldest first."""
     return chronological_slots(pointer, min(window, size), capacity, device)
+
+
+def rows_still_held(old_pointer: int, old_held: int, pointer: int, size: int, capacity: int) -> int:
+    """How many of the newest ``size`` rows under new counters (``pointer``) hold data that was written.
+
+    The rows written are the newest ``old_held`` under the old counters: slots ``old_pointer - old_held ..
+    old_pointer - 1``. Under the new ones the newest row is slot ``pointer - 1``; if that slot is among
+    those written, the rows from it back to the first written one hold data (at most ``size``), else none.
+    """
+    if old_held == 0 or size == 0:
+        return 0
+    behind = (old_pointer - pointer) % capacity  # written rows newer than the new newest row
+    return min(size, old_held - behind) if behind < old_held else 0

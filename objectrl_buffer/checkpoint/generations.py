@@ -5,8 +5,12 @@ A checkpoint at ``path`` is
 * ``<path>.metadata``: readable by plain ``torch.load`` (``weights_only=True``), a dict of plain ints and
   strings with at least ``buffer_size``, ``data_size`` and ``pointer``, as ObjectRL writes it. A full
   save adds ``data_dir`` (the name of the data folder beside it) and ``data_manifest_crc32``.
+* a full save of a buffer whose counters include rows that hold no data (restored by a metadata-only
+  load, not yet overwritten) also records ``phantom``: how many of the oldest counted rows those are, so
+  that a load never samples them. An optional key of format version 1: a file without it has none (all
+  older checkpoints), and a reader older than this key loads the rows but would sample those too.
 * with ``data=True`` only: ``<path>.data-<16 hex digits>/``, one folder per save ("generation"), laid
-  out as :mod:`objectrl_buffer.checkpoint_data` describes.
+  out as :mod:`objectrl_buffer.checkpoint.data` describes.
 
 Crash safety comes from the order of a save: the new generation folder is written and fsynced
 completely, then the metadata file is atomically replaced (temp file, fsync, ``os.replace``, fsync of
@@ -37,12 +41,18 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from objectrl_buffer.checkpoint_data import BufferState, read_data, read_manifest, verify_data, write_data_folder
-from objectrl_buffer.checkpoint_io import atomic_write, fsync_path, remove_in_background, wait_for_cleanup
-from objectrl_buffer.checkpoint_manifest import ExtraValue, Manifest
+from objectrl_buffer.checkpoint.data import (
+    BufferState,
+    read_data,
+    read_manifest,
+    verify_data,
+    write_data_folder,
+)
+from objectrl_buffer.checkpoint.io import atomic_write, fsync_path, remove_in_background, wait_for_cleanup
+from objectrl_buffer.checkpoint.manifest import ExtraValue, Manifest
+from objectrl_buffer.core.schema import Schema
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
-from objectrl_buffer.schema import Schema
-from objectrl_buffer.storage import TransitionStorage
+from objectrl_buffer.storage.table import TransitionStorage
 
 __all__ = [
     "METADATA_SUFFIX",
@@ -127,6 +137,9 @@ def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"'{source}' has format version {version}; this objectrl_buffer reads up to {FORMAT_VERSION}: upgrade it"
         )
     check_ring(meta, source)
+    phantom = meta.get("phantom", 0)
+    if type(phantom) is not int or not 0 <= phantom <= meta["data_size"]:
+        raise CheckpointError(f"'{source}': phantom must be an int in [0, data_size], got {phantom!r}")
     if "data_dir" in meta:
         base = os.path.basename(source)[: -len(METADATA_SUFFIX)]
         data_dir, crc = meta["data_dir"], meta.get("data_manifest_crc32")
@@ -168,6 +181,8 @@ class Restored:
     extra_arrays: dict[str, torch.Tensor] = field(default_factory=dict)
     extra_values: dict[str, ExtraValue] = field(default_factory=dict)
     source: str = ""
+    phantom: int = 0  # of a full checkpoint: the oldest counted rows hold no data (never sampled)
+    num_envs: int = 1
 
 
 class Checkpointable(Protocol):
@@ -283,6 +298,8 @@ def save_checkpoint(
                 ) from exc
             raise
         meta["data_dir"] = name
+        if state.phantom:
+            meta["phantom"] = state.phantom
     try:
         save_metadata(path, meta)
     except BaseException:
@@ -303,7 +320,9 @@ def load_checkpoint(
     """Validate the checkpoint at ``path``, read it into new storage, then let ``buffer`` adopt it.
 
     Capacity and schema: a buffer that holds rows only loads a checkpoint of its own ``buffer_size``
-    and (for a full checkpoint) its own keys/shapes/dtypes; an empty buffer adopts whatever was saved.
+    and (for a full checkpoint) its own keys/shapes/dtypes and ``num_envs``; an empty buffer adopts
+    whatever was saved. A metadata-only checkpoint keeps the buffer's ``num_envs`` (its counters must
+    be whole env steps of it).
     Everything (rows, extra arrays) is read and checked, and ``buffer._check_checkpoint`` has accepted
     it, before ``buffer._restore_checkpoint`` changes anything.
 
@@ -323,7 +342,12 @@ def load_checkpoint(
         )
     manifest = ckpt.manifest
     if manifest is None or ckpt.data_folder is None:
-        restored = Restored(capacity, size, pointer, source=ckpt.metadata_file)
+        if capacity % state.num_envs or size % state.num_envs or pointer % state.num_envs:
+            raise CheckpointError(
+                f"'{ckpt.metadata_file}' has buffer_size={capacity}, data_size={size}, pointer={pointer}: not "
+                f"whole env steps of this buffer's num_envs={state.num_envs}"
+            )
+        restored = Restored(capacity, size, pointer, source=ckpt.metadata_file, num_envs=state.num_envs)
         buffer._check_checkpoint(restored)
         buffer._restore_checkpoint(restored)
         return
@@ -331,6 +355,11 @@ def load_checkpoint(
         raise CheckpointError(
             f"'{ckpt.data_folder}' holds {manifest.schema!r} but this buffer holds data of {state.schema!r}: "
             "reset() it first, or use ReplayBuffer.from_checkpoint()"
+        )
+    if holds_rows and manifest.num_envs != state.num_envs:
+        raise CheckpointError(
+            f"'{ckpt.data_folder}' was saved with num_envs={manifest.num_envs} but this buffer holds data of "
+            f"num_envs={state.num_envs}: reset() it first, or use ReplayBuffer.from_checkpoint()"
         )
     generator_state = None
     if manifest.generator_device == state.storing_device.type:
@@ -361,6 +390,8 @@ def load_checkpoint(
             extra_arrays=extras,
             extra_values=dict(manifest.extra_values),
             source=ckpt.data_folder,
+            phantom=ckpt.meta.get("phantom", 0),
+            num_envs=manifest.num_envs,
         )
         buffer._check_checkpoint(restored)
     except BaseException as exc:

@@ -6,6 +6,10 @@ state and reads the rows. Rows are addressed by *position*: ``0`` is the oldest 
 makes "never cross the write head" automatic: the seam between the newest and the oldest row is the
 end of the position range.
 
+With a vector environment (``stride = num_envs``; see :mod:`~objectrl_buffer.core.envs`) positions are
+time-major, ``t * stride + e``, and the next row of env ``e`` after position ``p`` is ``p + stride``:
+a slice is ``p, p + stride, ...``, inside one env's stream, and ends before that env's newest row.
+
 Why not torchrl's ``SliceSampler``: it finds the write head through the storage's own cursor, which
 our column writes (see ``storage.py``) bypass; it reads every key of the whole storage
 (``storage[:]``) to find episode ends; and it draws an episode first and a start inside it second,
@@ -22,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
+from objectrl_buffer.core.schema import Key, format_key
 from objectrl_buffer.errors import EmptyBufferError, SchemaError
-from objectrl_buffer.schema import Key, format_key
 
 __all__ = ["TransitionKeys", "StoredRows", "episode_ends", "slice_positions", "pad_slices", "MASK_KEY"]
 
@@ -89,6 +93,7 @@ class StoredRows:
         columns: the stored columns (``[capacity, *row_shape]`` each).
         end_keys: the keys whose non-zero value ends an episode.
         pointer, size, capacity: the ring state (``pointer`` is the next slot written).
+        stride: positions between two consecutive rows of one env (``num_envs``; divides the others).
     """
 
     columns: Mapping[Key, torch.Tensor]
@@ -96,6 +101,7 @@ class StoredRows:
     pointer: int
     size: int
     capacity: int
+    stride: int = 1
 
     def slots(self, positions: torch.Tensor) -> torch.Tensor:
         """The slot of each position (any shape, int64)."""
@@ -135,8 +141,8 @@ def slice_positions(
             fewer than ``slice_len`` rows are stored), naming the longest segment.
     """
     size, device = rows.size, generator.device
-    offsets = torch.arange(slice_len, device=device)
-    high = size if pad else size - slice_len + 1  # every valid start is below this
+    offsets = torch.arange(slice_len, device=device) * rows.stride
+    high = size if pad else size - (slice_len - 1) * rows.stride  # every valid start is below this
     chosen: list[torch.Tensor] = []
     missing = num_slices
     state = generator.get_state()  # restored if no slice fits: a failed call changes nothing
@@ -168,34 +174,38 @@ def slice_positions(
 def _valid_starts(rows: StoredRows, starts: torch.Tensor, offsets: torch.Tensor, pad: bool) -> torch.Tensor:
     """Which ``starts`` (1-D positions ``< size``) begin a valid slice of ``len(offsets)`` rows."""
     last = rows.size - 1
-    whole = starts + (offsets.numel() - 1) <= last  # the window ends at or before the newest row
+    whole = starts + (offsets.numel() - 1) * rows.stride <= last  # the window ends at or before its env's newest row
     # No episode end on the rows before the window's last one (positions clamped: only whole windows count).
     early = rows.ends((starts.unsqueeze(1) + offsets[:-1]).clamp_max(last)).any(1)
     valid = whole & ~early
-    if pad:  # the first row of a segment: the oldest row, or the row after an episode end
-        valid |= (starts == 0) | rows.ends((starts - 1).clamp_min(0))
+    if pad:  # the first row of a segment: the env's oldest row, or the row after an episode end
+        stride = rows.stride
+        valid |= (starts < stride) | rows.ends((starts - stride).clamp_min(0))
     return valid
 
 
 def _all_valid_starts(rows: StoredRows, slice_len: int, pad: bool, device: torch.device) -> torch.Tensor:
     """Every valid start, from the episode ends of all stored rows (``O(size)``); raises if none."""
-    size = rows.size
-    ends = rows.ends(torch.arange(size, device=device))
-    # before[p] = episode ends among positions [0, p): a window [s, s+L) is inside one episode
-    # when no row before its last one ends an episode.
-    before = torch.zeros(size + 1, dtype=torch.int64, device=device)
+    size, stride = rows.size, rows.stride
+    # [steps, stride]: column e is env e's stream (positions are time-major); one column without envs
+    ends = rows.ends(torch.arange(size, device=device)).reshape(-1, stride)
+    steps = ends.shape[0]
+    # before[t] = episode ends among the env's steps [0, t): a window [t, t+L) is inside one episode
+    # when no step before its last one ends an episode.
+    before = torch.zeros(steps + 1, stride, dtype=torch.int64, device=device)
     torch.cumsum(ends, 0, out=before[1:])
-    valid = torch.zeros(size, dtype=torch.bool, device=device)
-    if slice_len <= size:
-        valid[: size - slice_len + 1] = before[slice_len - 1 : size] == before[: size - slice_len + 1]
+    valid = torch.zeros(steps, stride, dtype=torch.bool, device=device)
+    if slice_len <= steps:
+        valid[: steps - slice_len + 1] = before[slice_len - 1 : steps] == before[: steps - slice_len + 1]
     if pad:
         valid[0] = True  # segment starts: the oldest row, and every row after an end
         valid[1:] |= ends[:-1]
-    starts = valid.nonzero().squeeze(1)
+    starts = valid.reshape(-1).nonzero().squeeze(1)
     if starts.numel() == 0:
+        longest = max(_longest_segment(ends[:, e]) for e in range(stride))
         raise EmptyBufferError(
             f"no slice of {slice_len} consecutive transitions fits inside one episode: the longest stored "
-            f"episode segment has {_longest_segment(ends)} rows ({size} rows stored); "
+            f"episode segment has {longest} rows ({size} rows stored); "
             "use a shorter slice_len or pad=True"
         )
     return starts

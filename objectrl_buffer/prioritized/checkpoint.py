@@ -1,7 +1,7 @@
 """What a PrioritizedReplayBuffer keeps in a full checkpoint, and how that is checked on the way back.
 
 ``save(path, data=True)`` of a :class:`~objectrl_buffer.PrioritizedReplayBuffer` adds to the data
-folder (as the manifest's ``extras``, see :mod:`objectrl_buffer.checkpoint_manifest`):
+folder (as the manifest's ``extras``, see :mod:`objectrl_buffer.checkpoint.manifest`):
 
 * the extra array ``prioritized.priority``: the raw priorities of the live slots, float64
   ``[data_size]`` in slot order, a raw file with a crc32 like the columns;
@@ -30,8 +30,8 @@ import os
 
 import torch
 
-from objectrl_buffer.checkpoint import Checkpoint, Restored
-from objectrl_buffer.checkpoint_manifest import MANIFEST, ExtraValue, extra_file_name
+from objectrl_buffer.checkpoint.generations import Checkpoint, Restored
+from objectrl_buffer.checkpoint.manifest import MANIFEST, ExtraValue, extra_file_name
 from objectrl_buffer.errors import CheckpointError
 
 __all__ = ["PRIORITY", "MAX_PRIORITY", "SETTINGS", "priority_extras", "saved_priorities", "saved_settings"]

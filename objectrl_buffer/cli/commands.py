@@ -9,7 +9,7 @@
 ``PATH`` is what was given to ``ReplayBuffer.save`` (the ``.metadata`` file's name is accepted too).
 ``inspect`` reads the metadata and the manifest only (and checks file sizes); ``verify`` reads every byte.
 Exit codes: 0 fine, 1 the checkpoint is missing or damaged (the reason goes to stderr), 2 bad usage.
-``clean`` only removes folders whose owner lock no process holds (:mod:`~objectrl_buffer.folders`).
+``clean`` only removes folders whose owner lock no process holds (:mod:`~objectrl_buffer.storage.folders`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import sys
 import tempfile
 from typing import Any
 
-from objectrl_buffer import folders, placement
-from objectrl_buffer.checkpoint import METADATA_SUFFIX, Checkpoint, open_checkpoint, verify_checkpoint
+from objectrl_buffer.checkpoint.generations import METADATA_SUFFIX, Checkpoint, open_checkpoint, verify_checkpoint
+from objectrl_buffer.core.schema import format_key
 from objectrl_buffer.errors import CheckpointError
-from objectrl_buffer.schema import format_key
+from objectrl_buffer.storage import folders, placement
 
 __all__ = ["main", "describe"]
 
