@@ -54,7 +54,7 @@ from torchrl.data.replay_buffers.storages import TensorStorage
 
 from objectrl_buffer.core.schema import Key, Schema
 from objectrl_buffer.errors import ClosedBufferError
-from objectrl_buffer.storage import folders, placement
+from objectrl_buffer.storage import folders, placement, torchrl_compat
 from objectrl_buffer.storage.fast_write import FastWriter, numpy_views
 from objectrl_buffer.storage.prefault import populate_all
 
@@ -304,7 +304,7 @@ class TransitionStorage:
         torchrl_log.setLevel(max(level, logging.WARNING))
         try:
             # _init, not set(0, example): no row may be written before its pages are reserved
-            self.torchrl._init(example)
+            torchrl_compat.allocate(self.torchrl, example)
         finally:
             torchrl_log.setLevel(level)
         stored = self.torchrl._storage
