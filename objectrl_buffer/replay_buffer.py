@@ -179,7 +179,9 @@ class ReplayBuffer:
         return buffer_size
 
     def _make_memory(self) -> TensorDictReplayBuffer:
-        return TensorDictReplayBuffer(storage=self._storage.torchrl, sampler=RandomSampler(), writer=RoundRobinWriter())
+        # compilable: plain-int counters, no multiprocessing.Value and its semaphore in /dev/shm (see storage.py)
+        writer = RoundRobinWriter(compilable=True)
+        return TensorDictReplayBuffer(storage=self._storage.torchrl, sampler=RandomSampler(), writer=writer)
 
     def __len__(self) -> int:
         return self.data_size
@@ -210,7 +212,9 @@ class ReplayBuffer:
     def reset(self, buffer_size: int | None = None) -> None:
         """Empty the buffer, optionally with a new capacity; the next write may bring a new schema.
 
-        Memory and memmap files are freed now (not at the next garbage collection). Epoch iterators
+        CPU storage keeps its files and reserved pages for the next write of the same schema (a reset
+        and that write then cost in proportion to the rows written, not the capacity); a new schema, a
+        new size or :meth:`close` frees them now (not at the next garbage collection). Epoch iterators
         created before the reset raise :class:`StaleIteratorError` when advanced.
 
         Raises:

@@ -377,6 +377,7 @@ def load_checkpoint(
             storage.initialize(
                 schema, {f.key: torch.zeros(f.shape, dtype=f.dtype) for f in schema.fields}, populate=False
             )
+            storage.reserve_rows(manifest.data_size, populate=False)  # the loader maps the pages as it copies
         extras = read_data(ckpt.data_folder, manifest, storage.columns, verify, progress)
         restored = Restored(
             capacity,

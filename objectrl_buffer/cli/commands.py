@@ -2,10 +2,14 @@
 
     objectrl-buffer inspect PATH [--json]   capacity, size, pointer, schema, extras, format, creation info
     objectrl-buffer verify PATH             re-check every checksum: exit 0 if intact, 1 with the reason
+    objectrl-buffer clean [--dry-run] [DIR ...]
+                                            remove storage folders left by killed processes (default
+                                            DIRs: /dev/shm and the temp folder), listing them with sizes
 
 ``PATH`` is what was given to ``ReplayBuffer.save`` (the ``.metadata`` file's name is accepted too).
 ``inspect`` reads the metadata and the manifest only (and checks file sizes); ``verify`` reads every byte.
 Exit codes: 0 fine, 1 the checkpoint is missing or damaged (the reason goes to stderr), 2 bad usage.
+``clean`` only removes folders whose owner lock no process holds (:mod:`~objectrl_buffer.storage.folders`).
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from typing import Any
 
 from objectrl_buffer.checkpoint.generations import METADATA_SUFFIX, Checkpoint, open_checkpoint, verify_checkpoint
 from objectrl_buffer.core.schema import format_key
 from objectrl_buffer.errors import CheckpointError
+from objectrl_buffer.storage import folders, placement
 
 __all__ = ["main", "describe"]
 
@@ -131,10 +137,30 @@ def _print_human(info: dict[str, Any]) -> None:
     print(line("created", f"{when} on {host} by {library} ({versions})"))
 
 
+def clean(dirs: list[str], dry_run: bool) -> int:
+    """``clean``: remove (or with ``dry_run`` list) the folders in ``dirs`` that killed processes left behind."""
+    verb = "would remove" if dry_run else "removed"
+    total = count = 0
+    for parent in dirs or [placement.SHM_DIR, tempfile.gettempdir()]:
+        for orphan in folders.find_orphans(parent):
+            if not dry_run and not folders.remove(orphan):
+                continue  # taken over meanwhile, or not removable
+            owner = f"pid {orphan.pid}, gone" if orphan.pid is not None else "owner gone"
+            print(f"{verb} {orphan.path} ({_bytes(orphan.nbytes)}, {owner})")
+            total += orphan.nbytes
+            count += 1
+    if count:
+        print(f"{verb} {count} folder{'s' * (count != 1)}, {_bytes(total)}")
+    else:
+        print("nothing to remove: no folder of a dead process found")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``objectrl-buffer`` console script; returns the exit code."""
     parser = argparse.ArgumentParser(
-        prog="objectrl-buffer", description="Inspect and verify objectrl_buffer checkpoints."
+        prog="objectrl-buffer",
+        description="Inspect and verify objectrl_buffer checkpoints; clean up after killed runs.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     inspect = commands.add_parser(
@@ -144,7 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     verify = commands.add_parser("verify", help="re-check every checksum; exit 0 if intact, 1 if not")
     verify.add_argument("path", help="the checkpoint path given to ReplayBuffer.save (or its .metadata file)")
+    sweep = commands.add_parser("clean", help="remove storage folders that killed processes left behind")
+    sweep.add_argument("dirs", nargs="*", metavar="DIR", help="parent folders to look in (default: /dev/shm, temp)")
+    sweep.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
     args = parser.parse_args(argv)
+    if args.command == "clean":
+        return clean(args.dirs, args.dry_run)
     path = _resolve(args.path)
     try:
         if args.command == "inspect":

@@ -65,6 +65,9 @@ class FastWriter:
 
     def __init__(self, schema: Schema, arrays: dict[Key, np.ndarray], files: dict[Key, str] | None = None) -> None:
         self.n_keys = len(schema.fields)
+        #: Slots below this may be written; a write reaching past it is declined, so that the full path
+        #: reserves the rows first (RAM-backed storage reserves lazily: see storage.TransitionStorage._grow).
+        self.limit = 1 << 62
         self.fds: dict[Key, int] = {}  # wide columns written with os.pwrite (see WIDE_ROW_BYTES)
         for field in schema.fields:
             if files and field.key in files and field.row_bytes >= WIDE_ROW_BYTES:
@@ -149,6 +152,8 @@ class FastWriter:
 
     def write_row(self, data: Any, slot: int) -> bool:
         """Write one transition to ``slot`` if it is a plain input that fits; ``False`` (nothing written) if not."""
+        if slot >= self.limit:
+            return False
         items = self._items(data, 0)
         if items is None:
             return False
@@ -191,7 +196,7 @@ class FastWriter:
         """Write a batch of ``N`` rows at ``pointer, pointer+1, ...`` (mod ``capacity``); return ``N``.
 
         Keeps only the newest ``capacity`` rows when ``N > capacity``. Returns ``-1`` (nothing written)
-        when the input is not a plain batch that fits.
+        when the input is not a plain batch that fits, or reaches past :attr:`limit`.
         """
         items = self._items(data, 1)
         if items is None:
@@ -221,6 +226,8 @@ class FastWriter:
         first = n - kept
         start = (pointer + first) % capacity
         head = min(kept, capacity - start)
+        if (start + head if head == kept else capacity) > self.limit:
+            return -1
         for array, value in values:
             self._store(array, start, value[first : first + head])
             if head < kept:

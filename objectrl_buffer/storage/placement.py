@@ -12,9 +12,10 @@ Why not always one of them:
   disk: pure overhead for scratch data. On a 2-core VM the writeback of a 2.7 GB Atari buffer makes a
   single ``add`` 2-3x slower than into RAM, and loads compete with it too (``benchmarks/README.md``).
 
-So the default checks the room first (:func:`default_parent`), and the storage then reserves its
-files' pages with ``posix_fallocate`` (:func:`reserve`): once that succeeds no later write can hit a
-full ``/dev/shm``, and if it fails the storage moves to the temp folder before any row is written.
+So the default checks the room first (:func:`default_parent`, for the whole buffer), and the storage
+then reserves its files' pages with ``posix_fallocate`` (:func:`reserve`) as rows are written, ahead of
+each write: no write can hit a full ``/dev/shm``, and if a reservation fails the storage moves to the
+temp folder with the rows written so far.
 Where the temp folder is a tmpfs too (some distributions mount ``/tmp`` so), it is reserved the same
 way; if that fails as well the buffer stays there unreserved, with a warning that names ``storage_dir``.
 """
@@ -142,21 +143,24 @@ def default_parent(nbytes: int) -> str:
     return tempfile.gettempdir()
 
 
-def _reserve_file(path: str) -> None:
+def _reserve_file(item: str | tuple[str, int, int]) -> None:
+    path, offset, length = (item, 0, -1) if isinstance(item, str) else item
     fd = os.open(path, os.O_RDWR)
     try:
-        size = os.fstat(fd).st_size
-        if size:
-            os.posix_fallocate(fd, 0, size)
+        if length < 0:
+            length = os.fstat(fd).st_size
+        if length:
+            os.posix_fallocate(fd, offset, length)
     finally:
         os.close(fd)
 
 
-def reserve(paths: Iterable[str], workers: int = 2) -> None:
-    """Allocate every byte of each existing file in ``paths`` now (``posix_fallocate``, ``workers`` files
-    at a time), so that writes through its mappings never find the file system full.
+def reserve(items: Iterable[str | tuple[str, int, int]], workers: int = 2) -> None:
+    """Allocate bytes of existing files now (``posix_fallocate``, ``workers`` files at a time), so that
+    writes through their mappings never find the file system full. Each item is a path (the whole file)
+    or ``(path, offset, length)`` (that byte range; the file keeps its size).
 
     Raises ``OSError`` (e.g. ``ENOSPC``); some files may then be partly allocated.
     """
     with ThreadPoolExecutor(workers, thread_name_prefix="objectrl_buffer-reserve") as pool:
-        list(pool.map(_reserve_file, paths))
+        list(pool.map(_reserve_file, items))

@@ -2,8 +2,10 @@
 
 * CPU: torchrl ``LazyMemmapStorage`` with its files in a private folder, made in ``storage_dir`` when
   the user names one. Otherwise :mod:`~objectrl_buffer.storage.placement` picks the parent when the row size
-  is known (first write): ``/dev/shm`` if the whole buffer fits there with room to spare (its pages are
-  then reserved up front), the disk-backed temp folder if not, so a 64 MB ``/dev/shm`` never stops it.
+  is known (first write): ``/dev/shm`` if the whole buffer fits there with room to spare, the
+  disk-backed temp folder if not, so a 64 MB ``/dev/shm`` never stops it. Each private folder holds a
+  lock its process keeps (:mod:`~objectrl_buffer.storage.folders`), so folders of killed processes are found
+  and removed at the next first allocation.
 * Any other device (CUDA, MPS, ...): torchrl ``LazyTensorStorage`` on that device.
 
 torchrl allocates the storage on the first write and owns its layout. After that we keep a plain
@@ -16,9 +18,22 @@ On the CPU the same memory is also viewed as NumPy arrays (``arrays``): ``ndarra
 rows ~1.5x faster than ``index_select``, a contiguous slice copies ~2x faster than ``Tensor.clone``,
 and :class:`~objectrl_buffer.storage.fast_write.FastWriter` writes single rows through them.
 
-:meth:`TransitionStorage.release` frees the memory deterministically (drops the only reference to the
-memmaps and unlinks their files), so a buffer that is reset 10,000 times holds a constant number of
-open files and bytes: the same torchrl storage object is reused, only its contents are dropped.
+RAM-backed files (the default placement) are reserved lazily, in proportion to the rows written: slots
+``0 .. reserved-1`` are reserved (``posix_fallocate``) and mapped (``MADV_POPULATE_WRITE``), and a write
+past ``reserved`` (one int comparison on every write path) first grows that prefix geometrically
+(:meth:`TransitionStorage._grow`), so no row is ever written to a page that was not reserved: a full
+``/dev/shm`` cannot kill the process with SIGBUS. If growing fails (another process filled
+``/dev/shm``), the storage moves to the temp folder with the rows written so far, and warns.
+
+:meth:`TransitionStorage.release` (``reset()``) keeps the CPU files, mappings and reservation for the
+next write of the same schema, so a reset and the first write after it cost in proportion to the rows
+written, not the capacity. Another schema, :meth:`resize` or :meth:`close` frees them deterministically
+(drops the only reference to the memmaps and unlinks their files), so a buffer that is reset 10,000
+times holds a constant number of open files and bytes: the same torchrl storage object is reused.
+
+torchrl's storage and writer are built ``compilable``: their counters are plain ints instead of
+``multiprocessing.Value`` objects, whose POSIX semaphores live in ``/dev/shm`` (``sem.mp-*``): a buffer on
+disk must not need ``/dev/shm``, and a killed process must not leave semaphores there.
 """
 
 from __future__ import annotations
@@ -39,18 +54,22 @@ from torchrl.data.replay_buffers.storages import TensorStorage
 
 from objectrl_buffer.core.schema import Key, Schema
 from objectrl_buffer.errors import ClosedBufferError
-from objectrl_buffer.storage import placement
+from objectrl_buffer.storage import folders, placement, torchrl_compat
 from objectrl_buffer.storage.fast_write import FastWriter, numpy_views
 from objectrl_buffer.storage.prefault import populate_all
 
-__all__ = ["TransitionStorage", "make_tensordict"]
+__all__ = ["RESERVE_STEP_BYTES", "TransitionStorage", "make_tensordict"]
+
+#: Smallest step (bytes of whole rows, all columns together) by which RAM-backed storage reserves rows.
+RESERVE_STEP_BYTES = 1 << 20
 
 
-def _remove_folders(folders: list[str]) -> None:
-    """Remove every folder in ``folders`` (at close, or at exit for a storage never closed)."""
-    for folder in folders:
+def _remove_folders(owned: dict[str, int]) -> None:
+    """Remove every folder in ``owned`` and release its lock (at close, or at exit for a storage never closed)."""
+    for folder, lock in owned.items():
         shutil.rmtree(folder, ignore_errors=True)
-    folders.clear()
+        os.close(lock)
+    owned.clear()
 
 
 def make_tensordict(values: dict[Key, torch.Tensor], batch_size: torch.Size, device: torch.device | None) -> TensorDict:
@@ -91,22 +110,30 @@ class TransitionStorage:
         self.fast: FastWriter | None = None  # per-schema fast path of add/add_batch (CPU only)
         self.folder: str | None = None
         self._parent = os.fspath(directory) if directory is not None else None  # None: placement decides
-        self._folders: list[str] = []  # every private folder made, removed by close() or at exit
+        self._folders: dict[str, int] = {}  # private folder -> its lock's fd; removed by close() or at exit
+        self.reserved = 0  # slots 0 .. reserved-1 may be written; a write past them calls _grow first
+        self._lazy = False  # whether rows are reserved as written (RAM-backed default placement)
+        self._files: list[tuple[str, int]] = []  # (column file, bytes per row) of the lazily reserved files
+        # what release() kept for the next initialize of the same schema: schema, columns, arrays, fast
+        self._spare: tuple[Schema, dict[Key, torch.Tensor], dict[Key, np.ndarray] | None, FastWriter | None] | None
+        self._spare = None
         self.closed = False
         self.torchrl: TensorStorage
         if device.type == "cpu":
-            self.torchrl = LazyMemmapStorage(capacity, existsok=True, auto_cleanup=False)
+            self.torchrl = LazyMemmapStorage(capacity, existsok=True, auto_cleanup=False, compilable=True)
             self._finalizer = weakref.finalize(self, _remove_folders, self._folders)
             if self._parent is not None:
                 self._make_folder(self._parent)
         else:
-            self.torchrl = LazyTensorStorage(capacity, device=device)
+            self.torchrl = LazyTensorStorage(capacity, device=device, compilable=True)
 
     def _make_folder(self, parent: str) -> None:
         """Create this storage's private folder in ``parent`` and point torchrl at it."""
         os.makedirs(parent, exist_ok=True)
-        self.folder = tempfile.mkdtemp(prefix="objectrl_buffer-", dir=parent)
-        self._folders.append(self.folder)
+        folders.sweep_once(parent)
+        folder, lock = folders.make_owned(parent)
+        self.folder = folder
+        self._folders[folder] = lock
         assert isinstance(self.torchrl, LazyMemmapStorage)
         self.torchrl.scratch_dir = self.folder + os.sep
 
@@ -114,6 +141,7 @@ class TransitionStorage:
         """Without a user ``storage_dir``: move the (empty) private folder to where ``nbytes`` belong."""
         if self._parent is not None:
             return
+        folders.sweep_once(placement.SHM_DIR)  # before measuring its room: dead runs' folders hold RAM
         parent = placement.default_parent(nbytes)
         if self.folder is not None and os.path.dirname(self.folder) == parent:
             return
@@ -128,18 +156,10 @@ class TransitionStorage:
     def _remove_folder(self) -> None:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
-            if self.folder in self._folders:
-                self._folders.remove(self.folder)
+            lock = self._folders.pop(self.folder, None)
+            if lock is not None:
+                os.close(lock)
             self.folder = None
-
-    def _reserve(self, stored: TensorDictBase, schema: Schema) -> bool:
-        """Reserve every byte of the column files (tensordict makes none for an empty column)."""
-        names = [getattr(stored.get(f.key), "filename", None) for f in schema.fields]
-        try:
-            placement.reserve(name for name in names if name and os.path.exists(name))
-        except OSError:
-            return False
-        return True
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -148,13 +168,13 @@ class TransitionStorage:
         return self.schema is not None
 
     def initialize(self, schema: Schema, first_row: dict[Key, torch.Tensor], *, populate: bool = True) -> None:
-        """Allocate ``capacity`` rows of ``schema`` through torchrl, from one example row.
+        """Allocate ``capacity`` rows of ``schema`` through torchrl, from one example row (nothing is written).
 
+        Reuses what :meth:`release` kept when ``schema`` is the same (files, mappings, reserved rows).
         Placed in RAM by default (``/dev/shm``, or a temp folder that is a tmpfs; see
-        :mod:`~objectrl_buffer.storage.placement`), the files are reserved in full, and with ``populate`` also
-        mapped into this process at once, so that no later write or read of a row takes a page fault (a
-        loader that fills the pages itself passes ``False``). Warns (``RuntimeWarning``) when RAM-backed
-        files could not be reserved anywhere.
+        :mod:`~objectrl_buffer.storage.placement`), no row is reserved yet: writes reserve and map rows as they
+        reach them (:meth:`_grow`). ``populate`` is kept for callers of older versions and unused: a
+        loader that fills rows itself calls :meth:`reserve_rows` with ``populate=False``.
 
         Raises:
             ClosedBufferError: after :meth:`close`.
@@ -162,40 +182,114 @@ class TransitionStorage:
         """
         if self.closed:
             raise ClosedBufferError("this buffer was closed: its storage is freed and cannot take rows again")
+        spare = self._spare
+        if spare is not None:
+            if spare[0] == schema:
+                self._spare = None
+                self.schema, self.columns, self.arrays, self.fast = spare
+                return
+            del spare
+            self._free()
         example = make_tensordict(first_row, torch.Size([]), None).to(self.device)
         if self.device.type == "cpu":
             self._place(schema.row_bytes * self.capacity)
-        stored = self._allocate(example)
-        reserved = False
-        if self._parent is None and self.folder is not None and self._in_ram():
-            reserved = self._reserve(stored, schema)
-            if not reserved and os.path.dirname(self.folder) != tempfile.gettempdir():
-                # /dev/shm filled up since the check: to the temp folder, before any row is written
-                del stored
-                self.release()
-                self._remove_folder()
-                self._make_folder(tempfile.gettempdir())
-                stored = self._allocate(example)
-                reserved = self._in_ram() and self._reserve(stored, schema)
-            if not reserved and self._in_ram():
-                warnings.warn(
-                    f"the replay buffer's {schema.row_bytes * self.capacity / 2**30:.2f} GiB could not be "
-                    f"reserved in '{self.folder}', a RAM-backed folder: writes may kill the process (SIGBUS) "
-                    "if it fills up. Pass storage_dir= a folder on disk.",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
+        self._adopt(self._allocate(example), schema)
+
+    def _adopt(self, stored: TensorDictBase, schema: Schema) -> None:
+        """Take the columns of torchrl's freshly allocated ``stored`` as this storage's rows of ``schema``."""
         # Plain-tensor views: indexing the MemoryMappedTensor subclass costs an extra dispatch per call.
         self.columns = {f.key: stored.get(f.key).as_subclass(torch.Tensor) for f in schema.fields}
-        if self.device.type == "cpu":
-            if reserved and populate:
-                populate_all(list(self.columns.values()))
-            self.arrays = numpy_views(self.columns)
-            # Disk-backed files take wide rows through pwrite (see fastpath.WIDE_ROW_BYTES); reserved RAM
-            # is never written back, so its mapped pages stay writable and plain stores are cheaper.
-            files = {} if reserved else {f.key: getattr(stored.get(f.key), "filename", None) for f in schema.fields}
-            self.fast = FastWriter.build(schema, self.columns, {k: v for k, v in files.items() if v})
         self.schema = schema
+        self.reserved = self.capacity
+        if self.device.type != "cpu":
+            return
+        names = {f.key: getattr(stored.get(f.key), "filename", None) for f in schema.fields}
+        files = {k: v for k, v in names.items() if v and os.path.exists(v)}  # none for an empty column
+        self._lazy = self._parent is None and self.folder is not None and self._in_ram()
+        self._files = [(files[f.key], f.row_bytes) for f in schema.fields if f.key in files]
+        self.arrays = numpy_views(self.columns)
+        # Disk-backed files take wide rows through pwrite (see fastpath.WIDE_ROW_BYTES); reserved RAM
+        # is never written back, so its mapped pages stay writable and plain stores are cheaper.
+        self.fast = FastWriter.build(schema, self.columns, {} if self._lazy else files)
+        if self._lazy:
+            self._set_reserved(0)
+
+    def _set_reserved(self, rows: int) -> None:
+        self.reserved = rows
+        if self.fast is not None:
+            self.fast.limit = rows
+
+    def reserve_rows(self, rows: int, populate: bool = True) -> None:
+        """Make slots ``0 .. rows-1`` writable before something other than :meth:`write`/:meth:`write_rows`
+        fills them (a checkpoint load); ``populate=False`` leaves mapping the pages to that writer.
+        :attr:`columns` may be new tensors afterwards (see :meth:`_grow`)."""
+        if rows > self.reserved:
+            self._grow(rows, populate)
+
+    def _grow(self, needed: int, populate: bool = True) -> None:
+        """Reserve (and with ``populate`` map) slots up to at least ``needed``: twice the reserved rows, or
+        :data:`RESERVE_STEP_BYTES` of rows at first, at most the capacity. Growth is geometric, so a buffer
+        filled row by row grows ~log2(capacity) times, and each growth costs in proportion to its rows.
+
+        If the file system cannot reserve them (another process filled ``/dev/shm``), the storage moves to
+        the temp folder with every reserved row (:meth:`_move`) and nothing is lost.
+        """
+        old = self.reserved
+        schema = self.schema
+        assert schema is not None
+        step = max(1, RESERVE_STEP_BYTES // max(schema.row_bytes, 1))
+        rows = min(self.capacity, max(needed, 2 * old, step))
+        try:
+            placement.reserve((path, old * size, (rows - old) * size) for path, size in self._files)
+        except OSError:
+            self._move(rows)
+            return
+        if populate:
+            flats = [c.reshape(-1).view(torch.uint8) for c in self.columns.values() if c.is_contiguous()]
+            cap = self.capacity
+            populate_all([flat[flat.numel() * old // cap : flat.numel() * rows // cap] for flat in flats])
+        self._set_reserved(rows)
+
+    def _move(self, needed: int) -> None:
+        """Growing the reservation failed: move to the temp folder (disk, usually) with the rows written so far.
+
+        Every written row lies in slots ``0 .. reserved-1``; those are copied. Where the temp folder is a
+        tmpfs that cannot reserve either, the storage stays where it is, unreserved, with a warning.
+        """
+        schema, old_folder, rows = self.schema, self.folder, self.reserved
+        assert schema is not None and old_folder is not None
+        temp = tempfile.gettempdir()
+        if os.path.dirname(old_folder) == temp:
+            self._lazy = False
+            self._set_reserved(self.capacity)
+            warnings.warn(
+                f"the replay buffer's {schema.row_bytes * self.capacity / 2**30:.2f} GiB could not be "
+                f"reserved in '{old_folder}', a RAM-backed folder: writes may kill the process (SIGBUS) "
+                "if it fills up. Pass storage_dir= a folder on disk.",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+            return
+        kept = self.columns  # these views keep the old mappings (and rows) alive after the files are unlinked
+        self._free()
+        self._remove_folder()
+        self._make_folder(temp)
+        zeros = {f.key: torch.zeros(f.shape, dtype=f.dtype) for f in schema.fields}
+        example = make_tensordict(zeros, torch.Size([]), None)
+        self._adopt(self._allocate(example), schema)
+        if self._lazy:  # a tmpfs temp folder: reserved the same way
+            self._grow(max(needed, rows))
+        if rows:
+            with torch.no_grad():
+                for key, column in self.columns.items():
+                    column[:rows] = kept[key][:rows]
+            warnings.warn(
+                f"'{os.path.dirname(old_folder)}' is full: the replay buffer moved its {rows} rows to "
+                f"'{self.folder}' to keep growing. Pass storage_dir= a folder on disk to choose where it lives.",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        del kept
 
     def _in_ram(self) -> bool:
         """Whether the private folder is RAM-backed (in ``/dev/shm`` or on any tmpfs)."""
@@ -203,13 +297,14 @@ class TransitionStorage:
         return folder is not None and (os.path.dirname(folder) == placement.SHM_DIR or placement.is_tmpfs(folder))
 
     def _allocate(self, example: TensorDict) -> TensorDictBase:
-        """Let torchrl allocate its storage from ``example`` (written to slot 0); return that storage."""
+        """Let torchrl allocate its storage shaped like ``example`` (nothing written); return that storage."""
         # torchrl logs an INFO line per allocation; PPO allocates twice per learn call, so keep it quiet.
         torchrl_log = logging.getLogger("torchrl")
         level = torchrl_log.level
         torchrl_log.setLevel(max(level, logging.WARNING))
         try:
-            self.torchrl.set(0, example)
+            # _init, not set(0, example): no row may be written before its pages are reserved
+            torchrl_compat.allocate(self.torchrl, example)
         finally:
             torchrl_log.setLevel(level)
         stored = self.torchrl._storage
@@ -217,12 +312,33 @@ class TransitionStorage:
         return stored
 
     def release(self) -> None:
-        """Drop the rows and the schema; memory and files are freed now, not at the next GC."""
+        """Drop the rows and the schema (``reset()``).
+
+        CPU storage keeps its files, mappings and reserved rows for the next :meth:`initialize` with the
+        same schema (a reset then costs nothing, and neither does that write); another schema,
+        :meth:`resize` and :meth:`close` free them. Other devices free their memory now.
+        """
+        if self.device.type == "cpu" and self.schema is not None:
+            self._spare = (self.schema, self.columns, self.arrays, self.fast)
+            self.columns, self.arrays, self.fast, self.schema = {}, None, None, None
+            return
+        if self._spare is None:
+            self._free()
+
+    def _free(self) -> None:
+        """Drop the rows, the schema and what :meth:`release` kept: memory and files are freed now, not at a GC."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            self.columns, self.arrays, self.fast = spare[1], spare[2], spare[3]
+        del spare
         self.columns = {}
         if self.fast is not None:
             self.fast.close()
         self.arrays = self.fast = None
         self.schema = None
+        self.reserved = 0
+        self._lazy = False
+        self._files = []
         storage = self.torchrl
         stored = storage._storage
         if isinstance(stored, TensorDictBase):
@@ -237,24 +353,25 @@ class TransitionStorage:
         storage._len = 0
         if self.folder is not None and os.path.isdir(self.folder):
             for entry in os.scandir(self.folder):
+                if entry.name == folders.LOCK_NAME:
+                    continue
                 if entry.is_dir(follow_symlinks=False):
                     shutil.rmtree(entry.path, ignore_errors=True)
                 else:
                     os.unlink(entry.path)
 
     def resize(self, capacity: int) -> None:
-        """Release the rows and take a new capacity, reusing the torchrl storage object and its folder.
+        """Free the rows and take a new capacity, reusing the torchrl storage object and its folder.
 
-        A new torchrl storage per resize would leave the old one (and its multiprocessing counters and
-        semaphores) in a reference cycle until the next cyclic GC.
+        A new torchrl storage per resize would leave the old one in a reference cycle until the next cyclic GC.
         """
-        self.release()
+        self._free()
         self.capacity = capacity
         self.torchrl.max_size = capacity
 
     def close(self) -> None:
-        """Release the rows and remove the private folder. The storage is unusable afterwards."""
-        self.release()
+        """Free the rows and remove the private folder. The storage is unusable afterwards."""
+        self._free()
         self.closed = True
         if self.device.type == "cpu":
             self._finalizer()
@@ -268,6 +385,8 @@ class TransitionStorage:
     @torch.no_grad()  # a value that requires grad must not turn a column into a graph node
     def write(self, slot: int, pairs: list[tuple[Any, Any]]) -> None:
         """Write one row of checked ``(field, value)`` pairs at ``slot``."""
+        if slot >= self.reserved:
+            self._grow(slot + 1)
         columns = self.columns
         for field, value in pairs:
             columns[field.key][slot] = value
@@ -280,6 +399,9 @@ class TransitionStorage:
         """
         cap = self.capacity
         head = min(n, cap - start)
+        end = start + head if head == n else cap
+        if end > self.reserved:
+            self._grow(end)
         columns = self.columns
         for field, value in pairs:
             column = columns[field.key]

@@ -19,6 +19,7 @@ __all__ = [
     "new_tensordict",
     "plain_items",
     "stored_tensordict",
+    "allocate",
     "drop_stored",
     "sync_view",
     "sampler_total",
@@ -55,6 +56,15 @@ def stored_tensordict(storage: Any) -> TensorDictBase | None:
     """
     stored = storage._storage
     return stored if isinstance(stored, TensorDictBase) else None
+
+
+def allocate(storage: Any, example: Any) -> None:
+    """Let a torchrl ``TensorStorage`` allocate its rows shaped like ``example``, writing none of them.
+
+    ``storage.set(0, example)`` would allocate and write slot 0; a RAM-backed file must not be written
+    before its pages are reserved (``table.py``: a full ``/dev/shm`` kills a writer with SIGBUS).
+    """
+    storage._init(example)
 
 
 def drop_stored(storage: Any) -> None:
@@ -116,7 +126,7 @@ def missing_internals() -> list[str]:
         missing.append("tensordict.TensorDictBase._erase_cache")
     storage = LazyTensorStorage(2)
     storage.set(0, TensorDict({"x": torch.zeros(())}, batch_size=[]))
-    for name in ("_storage", "_storage_keys", "_len", "initialized"):
+    for name in ("_storage", "_storage_keys", "_len", "initialized", "_init"):
         if not hasattr(storage, name):
             missing.append(f"torchrl LazyTensorStorage().{name}")
     writer = RoundRobinWriter()

@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from objectrl_buffer.core.schema import Schema
+from objectrl_buffer.storage.folders import LOCK_NAME
 from objectrl_buffer.storage.table import TransitionStorage, make_tensordict
 
 CPU = torch.device("cpu")
@@ -35,7 +36,7 @@ def storage(tmp_path: pathlib.Path) -> TransitionStorage:
 
 def test_folder_is_private_and_lazy(storage: TransitionStorage, tmp_path: pathlib.Path) -> None:
     assert storage.folder is not None and pathlib.Path(storage.folder).parent == tmp_path
-    assert os.listdir(storage.folder) == []
+    assert os.listdir(storage.folder) == [LOCK_NAME]  # held by this process (see objectrl_buffer.storage.folders)
     assert not storage.initialized and storage.nbytes == 0
     init(storage, {"x": torch.zeros(3), "n": 1})
     assert storage.initialized
@@ -74,14 +75,20 @@ def test_write_rows_wraps_around(storage: TransitionStorage, start: int, first: 
     assert storage.columns["n"].tolist() == expected
 
 
-def test_release_frees_files_and_allows_a_new_schema(storage: TransitionStorage) -> None:
+def test_release_keeps_files_for_the_same_schema_and_frees_them_for_another(storage: TransitionStorage) -> None:
     init(storage, {"x": torch.zeros(3), "n": 1})
     folder = storage.folder
     assert folder is not None
+    storage.write(4, column_pairs(storage, {"x": torch.ones(3), "n": 7}))
     storage.release()
-    assert not storage.initialized and storage.columns == {} and os.listdir(folder) == []
+    kept = sorted(f for f in os.listdir(folder) if f.endswith(".memmap"))
+    assert not storage.initialized and storage.columns == {} and kept == ["n.memmap", "x.memmap"]
+    init(storage, {"x": torch.zeros(3), "n": 1})  # same schema: the kept columns come back
+    assert storage.columns["n"][4].item() == 7
+    storage.release()
     init(storage, {"y": torch.zeros(2, dtype=torch.float64)})
     assert list(storage.columns) == ["y"] and storage.columns["y"].shape == (5, 2)
+    assert sorted(f for f in os.listdir(folder) if f.endswith(".memmap")) == ["y.memmap"]
 
 
 def test_resize_reuses_the_folder(storage: TransitionStorage) -> None:
