@@ -253,6 +253,24 @@ def make_timed_class(base: type, calls: dict[str, list[int]], clock: Callable[[]
     return type(base.__name__, (base,), namespace)
 
 
+def wrap_bare_action(select_action: Callable[..., Any], bare_type: type) -> Callable[..., Any]:
+    """``select_action`` returning ``{"action": out}`` where the original returns a bare ``bare_type``.
+
+    ObjectRL 0.2.1's ``DQN.select_action`` returns the action tensor itself, while its trainer reads
+    ``agent.select_action(state)["action"]``: indexing a tensor with a str raises ``IndexError: too many
+    indices for tensor of dimension 1`` at the step-0 evaluation, whatever the buffer. The harness applies
+    this shim to DQN in both runs (upstream's buffer and ours) so that the buffer is exercised at all.
+    """
+
+    def select_action_dict(*args: Any, **kwargs: Any) -> Any:
+        out = select_action(*args, **kwargs)
+        return {"action": out} if isinstance(out, bare_type) else out
+
+    select_action_dict.__name__ = getattr(select_action, "__name__", "select_action")
+    select_action_dict.__doc__ = select_action.__doc__
+    return select_action_dict
+
+
 def summarize_calls(calls: Mapping[str, Sequence[int]]) -> dict[str, dict[str, float]]:
     """Per method: number of calls, total seconds, median and 90th percentile in microseconds."""
     out = {}
@@ -285,6 +303,7 @@ class RunResult:
     calls: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     log: LogSummary = dataclasses.field(default_factory=LogSummary)
     patched: list[str] = dataclasses.field(default_factory=list)
+    shims: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
     run_dir: str = ""
 
@@ -369,7 +388,13 @@ def format_failures(results: Iterable[RunResult], tail_lines: int = 40) -> str:
         if r.status == "finished":
             continue
         tb = "\n".join(r.traceback.rstrip().splitlines()[-tail_lines:]) or "(no traceback)"
-        parts.append(f"### {r.algo} / {r.buffer}: {r.status}\n\n{r.error}\n\n```\n{tb}\n```\n\nLogs: `{r.run_dir}`")
+        made = ", ".join(f"{name} x{int(c['count'])}" for name, c in r.calls.items()) or "none"
+        last = r.log.episode_end_steps[-1] if r.log.episode_end_steps else "-"
+        parts.append(
+            f"### {r.algo} / {r.buffer}: {r.status}\n\n{r.error}\n\n"
+            f"Buffer calls up to then (the failing one included): {made}; the last episode logged ended at step {last}."
+            f"\n\n```\n{tb}\n```\n\nLogs: `{r.run_dir}`"
+        )
     return "\n\n".join(parts) if parts else "None."
 
 
@@ -406,7 +431,7 @@ def warning_lines(stderr: str, limit: int = 10) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 
 
-def launch(result_json: str, buffer: str, threads: int, objectrl_argv: list[str]) -> int:
+def launch(result_json: str, buffer: str, threads: int, objectrl_argv: list[str], *, no_shim: bool = False) -> int:
     """Inject the (timed) buffer, run ``objectrl.main`` as ``__main__``, write what happened as JSON."""
     import runpy
     import traceback
@@ -432,11 +457,18 @@ def launch(result_json: str, buffer: str, threads: int, objectrl_argv: list[str]
     import objectrl.experiments.control_experiment  # noqa: F401
 
     patched = patch_name(sys.modules, "ReplayBuffer", upstream, timed)
+    shims = []
+    if not no_shim:
+        import objectrl.models.dqn as dqn
+
+        dqn.DQN.select_action = wrap_bare_action(dqn.DQN.select_action, torch.Tensor)  # type: ignore[method-assign]
+        shims.append("objectrl.models.dqn.DQN.select_action: bare tensor -> {'action': tensor}")
     record: dict[str, Any] = {
         "status": "finished",
         "error": "",
         "traceback": "",
         "patched": patched,
+        "shims": shims,
         "buffer_class": f"{base.__module__}.{base.__qualname__}",
     }
     sys.argv = ["objectrl.main", *objectrl_argv]
@@ -572,12 +604,15 @@ def run_once(
     eval_episodes: int,
     threads: int,
     timeout: float,
+    shim: bool = True,
 ) -> RunResult:
     """One ObjectRL training run in a child process; logs, stdout and stderr stay in ``run_dir``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     result_json = run_dir / "result.json"
     args = objectrl_args(spec, seed, run_dir / "logs", steps=steps, eval_episodes=eval_episodes)
-    cmd = [str(py), str(Path(__file__).resolve()), "--launch", str(result_json), buffer, str(threads), "--", *args]
+    shim_arg = "shim" if shim else "no-shim"
+    cmd = [str(py), str(Path(__file__).resolve()), "--launch", str(result_json), buffer, str(threads), shim_arg, "--"]
+    cmd += args
     env = {
         **os.environ,
         "PYTHONPATH": str(repo),
@@ -602,6 +637,7 @@ def run_once(
         record = json.loads(result_json.read_text())
         result.status, result.error, result.traceback = record["status"], record["error"], record["traceback"]
         result.run_s, result.calls, result.patched = record["run_s"], record["calls"], record["patched"]
+        result.shims = record["shims"]
     elif result.status != "timeout":
         result.error = "the child wrote no result"
         result.traceback = "\n".join(stderr.splitlines()[-40:])
@@ -629,8 +665,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--launch"]:  # child mode, inside the ObjectRL venv
         sep = argv.index("--")
-        result_json, buffer, threads = argv[1:sep]
-        return launch(result_json, buffer, int(threads), argv[sep + 1 :])
+        result_json, buffer, threads, shim = argv[1:sep]
+        return launch(result_json, buffer, int(threads), argv[sep + 1 :], no_shim=shim == "no-shim")
 
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -656,6 +692,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="folder for the runs' logs (default: temp)")
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown report here")
     parser.add_argument("--setup-only", action="store_true")
+    parser.add_argument(
+        "--no-dqn-shim",
+        action="store_true",
+        help="run DQN as published (its select_action returns a bare tensor: IndexError at the step-0 evaluation)",
+    )
     opts = parser.parse_args(argv)
 
     wheel_dir = opts.wheel_dir or opts.venv.parent / "wheels"
@@ -687,6 +728,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         eval_episodes=opts.eval_episodes,
                         threads=opts.threads,
                         timeout=opts.timeout,
+                        shim=not opts.no_dqn_shim,
                     )
                 )
             results.append(runs[0])
@@ -703,6 +745,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Runs: seed {opts.seed}, {opts.eval_episodes} evaluation episodes at step 0 and at the end; steps: "
         + ", ".join(f"{a} {opts.steps or ALGOS[a].max_steps} on {ALGOS[a].env}" for a in opts.algos)
         + f"; logs in `{workdir}`.  ",
+        "Shims (both buffers): "
+        + ("; ".join(sorted({s for r in results for s in r.shims})) or "none")
+        + " (ObjectRL 0.2.1's DQN cannot run without it, see `wrap_bare_action`).  ",
         "wall s: the child process; run s: `objectrl.main` itself (imports excluded); buffer s: outermost calls of "
         "the buffer's public methods (construction included); share = buffer s / run s.",
     ]

@@ -195,3 +195,16 @@ def test_objectrl_args(harness: types.ModuleType, tmp_path: Path) -> None:
 def test_warning_lines(harness: types.ModuleType) -> None:
     stderr = "x.py:3: UserWarning: cast action\n  warnings.warn(\nx.py:3: UserWarning: cast action\nnoise\n"
     assert harness.warning_lines(stderr) == ["x.py:3: UserWarning: cast action"]
+
+
+def test_wrap_bare_action(harness: types.ModuleType) -> None:
+    class Bare(list):  # stands in for torch.Tensor
+        pass
+
+    class Agent:
+        def select_action(self, state: int, is_training: bool = True) -> object:
+            return Bare([state]) if is_training else {"action": state}
+
+    Agent.select_action = harness.wrap_bare_action(Agent.select_action, Bare)  # type: ignore[method-assign]
+    assert Agent().select_action(3) == {"action": Bare([3])}
+    assert Agent().select_action(3, is_training=False) == {"action": 3}  # already a mapping: unchanged
