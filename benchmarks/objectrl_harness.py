@@ -26,15 +26,20 @@ What it needs:
   ``models/basic/ensemble.py``, PEP 695, and a PEP 701 f-string in ``config/utils.py``).
 - Network access to PyPI the first time: the venv (default ``~/.cache/objectrl_buffer/objectrl-venv``,
   ``--venv``) gets ``torch==2.13.0`` from PyPI, which for Python 3.12 is the CUDA build with its
-  ``nvidia-*`` wheels (about 3.4 GB of downloads, 1.4 GB of them may already be in a local mirror; the
-  venv takes about 6.5 GB on disk). It also gets torchrl/tensordict, gymnasium with MuJoCo, dm-control
-  (imported at start-up by ObjectRL's ``make_env``) and ObjectRL's other imported dependencies; ObjectRL
-  itself is installed from its wheel with ``--no-deps`` (seaborn, PyQt6 and metaworld are never imported
-  for these environments). Nothing of ObjectRL is vendored: the wheel is downloaded at set-up time.
+  ``nvidia-*`` and ``triton`` wheels (the only CPU torch wheel on this machine is for 3.11). Measured
+  here: the venv takes 5.3 GB (torch 1.2 GB, nvidia 2.7 GB, triton 0.7 GB) and took 4.6 minutes to
+  build (1.4 GB of the nvidia wheels came from a local mirror); later runs reuse it (a check of ~30 s).
+  It also gets torchrl/tensordict, gymnasium with MuJoCo, dm-control (imported at start-up by ObjectRL's
+  ``make_env``) and ObjectRL's other imported dependencies; ObjectRL itself is installed from its wheel
+  with ``--no-deps`` (seaborn, PyQt6 and metaworld are never imported for these environments). Nothing
+  of ObjectRL is vendored: the wheel is downloaded at set-up time into ``<venv>/../wheels``.
 - Our package is taken from this checkout through ``PYTHONPATH`` (``--repo`` to point elsewhere).
 
 Runs use ``--system.device cpu --system.storing_device cpu`` and one torch thread (``--threads``); the
 logs of every run stay in the work folder (``--workdir``, default a new temp folder) for inspection.
+ObjectRL 0.2.1's DQN does not run as published (its ``select_action`` returns a bare tensor that the
+trainer indexes with ``["action"]``: ``IndexError`` at the step-0 evaluation, whatever the buffer), so
+both DQN runs get a one-line shim (``wrap_bare_action``; ``--no-dqn-shim`` to see the failure).
 """
 
 from __future__ import annotations
