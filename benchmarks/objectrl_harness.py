@@ -615,7 +615,7 @@ def run_once(
     run_dir.mkdir(parents=True, exist_ok=True)
     result_json = run_dir / "result.json"
     args = objectrl_args(spec, seed, run_dir / "logs", steps=steps, eval_episodes=eval_episodes)
-    shim_arg = "shim" if shim else "no-shim"
+    shim_arg = "shim" if shim and spec.name == "dqn" else "no-shim"  # only DQN's select_action needs it
     cmd = [str(py), str(Path(__file__).resolve()), "--launch", str(result_json), buffer, str(threads), shim_arg, "--"]
     cmd += args
     env = {
@@ -752,7 +752,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + f"; logs in `{workdir}`.  ",
         "Shims (both buffers): "
         + ("; ".join(sorted({s for r in results for s in r.shims})) or "none")
-        + " (ObjectRL 0.2.1's DQN cannot run without it, see `wrap_bare_action`).  ",
+        + " (ObjectRL 0.2.1's DQN cannot run without it, see `wrap_bare_action`; other models run unshimmed).  ",
         "wall s: the child process; run s: `objectrl.main` itself (imports excluded); buffer s: outermost calls of "
         "the buffer's public methods (construction included); share = buffer s / run s.",
     ]
