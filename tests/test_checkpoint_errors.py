@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from checkpoint_helpers import assert_same, data_folder, edit_manifest, fill, snapshot, tree
+from checkpoint_helpers import assert_same, data_folder, edit_manifest, fill, signed, snapshot, tree
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.checkpoint import data as checkpoint_data
@@ -111,7 +111,7 @@ def edit_manifest_crc_only(path: Path) -> None:
     meta_file = f"{path}.metadata"
     meta = torch.load(meta_file, weights_only=True)
     meta["data_manifest_crc32"] = zlib.crc32(Path(data_folder(path), "manifest.json").read_bytes())
-    torch.save(meta, meta_file)
+    torch.save(signed(meta), meta_file)
 
 
 def test_truncated_and_garbage_metadata(saved: Path, target: ReplayBuffer) -> None:
