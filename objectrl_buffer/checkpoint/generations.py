@@ -15,8 +15,12 @@ interpreter waits for at exit, so ``save`` returns as soon as the new checkpoint
 at any moment leaves the metadata naming either the complete old generation or the complete new one;
 half-written or unreferenced generations are removed by the next successful save.
 
-One writer per path at a time. A reader that races a writer of the same path may find the generation
-it was about to read deleted (:class:`CheckpointNotFoundError`); reading again gives the new one.
+Writers of one path take turns: a save holds ``<path>.metadata.lock`` (``flock``, released by the kernel
+if the saver dies; the file is removed when the save is done) from creating its data folder until its
+cleanup has chosen what to remove, so no save removes another's folder or temp file and every save
+that returns leaves a checkpoint that loads (the last one to take the lock wins). A reader that races a
+writer of the same path may find the generation it was about to read deleted
+(:class:`CheckpointNotFoundError`); reading again gives the new one.
 
 Loading never unpickles objects and never writes into a checkpoint: rows are copied into the
 buffer's own storage, built beside the old one and swapped in only once everything has been read and
@@ -31,7 +35,8 @@ import re
 import secrets
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -41,6 +46,7 @@ from objectrl_buffer.checkpoint.data import BufferState, read_data, read_manifes
 from objectrl_buffer.checkpoint.io import atomic_write, fsync_path, remove_in_background, wait_for_cleanup
 from objectrl_buffer.checkpoint.manifest import ExtraValue, Manifest
 from objectrl_buffer.core.schema import Schema
+from objectrl_buffer.core.sync import lock_file
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 from objectrl_buffer.storage.table import TransitionStorage
 
@@ -63,6 +69,7 @@ __all__ = [
 ]
 
 METADATA_SUFFIX = ".metadata"
+LOCK_SUFFIX = ".lock"  # <path>.metadata.lock: held by a save from its new data folder to its cleanup
 FORMAT = "objectrl_buffer"
 FORMAT_VERSION = 1  # of the metadata dict; the data folder carries its own (checkpoint_data.DATA_FORMAT_VERSION)
 _GENERATION = r"\.data-[0-9a-f]{16}"
@@ -220,23 +227,40 @@ def _check_destination(target: str) -> str:
     return folder
 
 
-def _remove_stale(folder: str, base: str, keep: str | None) -> None:
-    """Remove this checkpoint's generation folders other than ``keep`` (in the background) and leftover temp files.
+def _remove_stale(folder: str, base: str, keep: set[str | None]) -> None:
+    """Remove this checkpoint's generation folders not in ``keep`` (in the background) and leftover temp files.
 
-    Best effort: the new checkpoint is complete already, whatever happens here.
+    Called under the writers' lock, with ``keep`` holding the new folder and whatever the metadata names
+    when re-read there: no other writer is between its new folder and its metadata then, so the removed
+    folders are unreferenced for good. Best effort: the new checkpoint is complete already.
     """
     generation = re.compile(re.escape(base) + _GENERATION)
     temp = re.compile(re.escape(base + METADATA_SUFFIX) + r"\.[A-Za-z0-9_]+\.tmp")
     stale = []
     try:
         for entry in os.scandir(folder):
-            if entry.name != keep and generation.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+            if entry.name not in keep and generation.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
                 stale.append(entry.path)
             elif temp.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
                 os.unlink(entry.path)
     except OSError:
         pass
     remove_in_background(stale)
+
+
+@contextmanager
+def _writers_lock(target: str) -> Iterator[None]:
+    """Hold ``<target>.lock`` (``<path>.metadata.lock``): saves of one path wait for each other.
+
+    The kernel releases the lock when its holder dies, and the holder removes the file when done.
+    """
+    lock = target + LOCK_SUFFIX
+    with ExitStack() as held:
+        try:
+            held.enter_context(lock_file(lock))
+        except OSError as exc:
+            raise CheckpointError(f"cannot save '{target}': cannot lock '{lock}': {exc.strerror or exc}") from exc
+        yield
 
 
 def _referenced(path: str | os.PathLike[str]) -> str | None:
@@ -261,35 +285,38 @@ def save_checkpoint(
     folder = _check_destination(target)
     base = os.path.basename(target)[: -len(METADATA_SUFFIX)]
     meta: dict[str, Any] = {"buffer_size": state.buffer_size, "data_size": state.data_size, "pointer": state.pointer}
-    name = None
-    if data:
-        if state.schema is None and state.data_size:
-            raise CheckpointError(
-                f"cannot save the data of '{target}': the buffer counts {state.data_size} rows but holds none "
-                "(its counters came from a metadata-only load); use save(path, data=False)"
-            )
-        name = f"{base}.data-{secrets.token_hex(8)}"
-        generation = os.path.join(folder, name)
+    if data and state.schema is None and state.data_size:
+        raise CheckpointError(
+            f"cannot save the data of '{target}': the buffer counts {state.data_size} rows but holds none "
+            "(its counters came from a metadata-only load); use save(path, data=False)"
+        )
+    # Writers of one path take turns from the new folder to the cleanup: otherwise one's cleanup removes
+    # the folder (or temp file) of another, whose metadata then names nothing.
+    with _writers_lock(target):
+        name = None
+        if data:
+            name = f"{base}.data-{secrets.token_hex(8)}"
+            generation = os.path.join(folder, name)
+            try:
+                os.mkdir(generation)
+                meta["data_manifest_crc32"] = write_data_folder(generation, state, progress)
+                fsync_path(folder)  # the new folder's entry is durable before any metadata names it
+            except BaseException as exc:
+                shutil.rmtree(generation, ignore_errors=True)
+                if isinstance(exc, OSError):
+                    raise CheckpointError(
+                        f"cannot save the data of '{target}' into '{generation}': {exc.strerror or exc}; "
+                        "the previous checkpoint is intact"
+                    ) from exc
+                raise
+            meta["data_dir"] = name
         try:
-            os.mkdir(generation)
-            meta["data_manifest_crc32"] = write_data_folder(generation, state, progress)
-            fsync_path(folder)  # the new folder's entry is durable before any metadata names it
-        except BaseException as exc:
-            shutil.rmtree(generation, ignore_errors=True)
-            if isinstance(exc, OSError):
-                raise CheckpointError(
-                    f"cannot save the data of '{target}' into '{generation}': {exc.strerror or exc}; "
-                    "the previous checkpoint is intact"
-                ) from exc
+            save_metadata(path, meta)
+        except BaseException:
+            if name is not None and _referenced(path) != name:
+                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
             raise
-        meta["data_dir"] = name
-    try:
-        save_metadata(path, meta)
-    except BaseException:
-        if name is not None and _referenced(path) != name:
-            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
-        raise
-    _remove_stale(folder, base, keep=name)
+        _remove_stale(folder, base, keep={name, _referenced(path)})
     return target
 
 
