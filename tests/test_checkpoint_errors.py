@@ -171,7 +171,7 @@ def test_inconsistent_manifest(saved: Path, target: ReplayBuffer, change: Callab
 def test_data_dir_pointing_elsewhere_is_refused(saved: Path, target: ReplayBuffer, tmp_path: Path) -> None:
     meta = torch.load(f"{saved}.metadata", weights_only=True)
     for elsewhere in ["../storage", "/etc", "other.data-0123456789abcdef", 42]:
-        torch.save({**meta, "data_dir": elsewhere}, f"{saved}.metadata")
+        torch.save(signed({**meta, "data_dir": elsewhere}), f"{saved}.metadata")  # refused even with a good crc32
         refused(target, saved, CheckpointError, "is not a data folder of this checkpoint")
 
 
