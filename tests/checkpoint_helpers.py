@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -263,3 +265,19 @@ def save_and_hang(path: str, storage: str, v: int, flag: str) -> None:
 
     generations.write_data_folder = write_then_hang  # type: ignore[assignment]
     version(storage, v).save(path, data=True)
+
+
+@contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Fail (instead of hanging the suite) if the block takes longer than ``seconds`` (main thread only)."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still blocked after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -26,6 +26,7 @@ from objectrl_buffer.errors import CheckpointError
 __all__ = [
     "fsync_path",
     "atomic_write",
+    "file_kind",
     "open_regular",
     "read_small_file",
     "write_all",
@@ -71,8 +72,15 @@ def atomic_write(target: str, write: Callable[[BinaryIO], None]) -> None:
             os.unlink(tmp)
 
 
-def _kind(mode: int) -> str:
-    kinds = {stat.S_IFDIR: "folder", stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket", stat.S_IFLNK: "symbolic link"}
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words, from its ``st_mode``."""
+    kinds = {
+        stat.S_IFREG: "file",
+        stat.S_IFDIR: "folder",
+        stat.S_IFIFO: "FIFO",
+        stat.S_IFSOCK: "socket",
+        stat.S_IFLNK: "symbolic link",
+    }
     return kinds.get(stat.S_IFMT(mode), "device")
 
 
@@ -98,7 +106,7 @@ def open_regular(path: str, *, follow_symlink: bool = False) -> int:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise CheckpointError(f"'{path}' is a {_kind(mode)}, expected a regular file")
+        raise CheckpointError(f"'{path}' is a {file_kind(mode)}, expected a regular file")
     return fd
 
 

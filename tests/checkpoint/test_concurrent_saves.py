@@ -12,12 +12,10 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from checkpoint_helpers import assert_same, forkserver, save_and_hang, save_version_at_once, snapshot, version
+from checkpoint_helpers import assert_same, deadline, forkserver, save_and_hang, save_version_at_once, snapshot, version
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.checkpoint.generations import wait_for_cleanup
@@ -27,22 +25,6 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forkserver + SI
 
 SAVERS = 4
 ROUNDS = 5
-
-
-@contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Fail (instead of hanging the suite) if the block takes longer than ``seconds``."""
-
-    def expired(signum: int, frame: object) -> None:
-        raise TimeoutError(f"still blocked after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def generations_in(folder: Path) -> list[str]:

@@ -74,6 +74,7 @@ def pickle_bytes(good: bytes) -> range:
     return range(start, start + info.compress_size)
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")  # torch, on a flipped protocol byte
 def test_every_bit_flip_is_refused_or_harmless(saved: Path) -> None:
     """Every byte of the entries (two bits each), every 5th byte of the zip around them (one bit): either a
     CheckpointError naming the file or exactly the original entries (a flip in zip padding that torch does
