@@ -86,8 +86,9 @@ def refused(path: Path, capsys: pytest.CaptureFixture[str], *patterns: str) -> N
 # ---------------------------------------------------------------------------------------------- sizes
 @pytest.mark.parametrize("capacity", [2**63, 2**100])
 def test_a_buffer_size_beyond_any_buffer(saved: Path, capacity: int, capsys: pytest.CaptureFixture[str]) -> None:
-    edit_manifest(saved, lambda m: m["ring"].update(buffer_size=capacity))
-    edit_metadata(saved, lambda m: m.update(buffer_size=capacity))
+    """A consistent ring (8 rows, pointer 8) that only its capacity makes hostile."""
+    edit_manifest(saved, lambda m: m["ring"].update(buffer_size=capacity, pointer=8))
+    edit_metadata(saved, lambda m: m.update(buffer_size=capacity, pointer=8))
     refused(saved, capsys, "buffer_size")
 
 
@@ -96,7 +97,7 @@ def test_a_metadata_only_checkpoint_with_a_buffer_size_beyond_any_buffer(
 ) -> None:
     counters = saved.parent / "counters"
     ReplayBuffer.from_checkpoint(saved).save(counters)
-    edit_metadata(counters, lambda m: m.update(buffer_size=2**63))
+    edit_metadata(counters, lambda m: m.update(buffer_size=2**63, pointer=8))
     refused(counters, capsys, "buffer_size")
 
 
