@@ -211,10 +211,12 @@ def read_manifest(folder: str, expected_crc32: int | None) -> Manifest:
 
     Raises:
         CheckpointNotFoundError: the folder, the manifest or a file it lists does not exist.
-        CheckpointError: the folder is a file, the manifest's crc32 differs from ``expected_crc32``, it is
-            not valid JSON or misses fields, its data format version is newer than this library reads,
-            it was written on a machine of the other byte order, or a column or extra file is not a
-            file or of the wrong size (truncated).
+        CheckpointError: the folder, the manifest or a file it lists is a symlink (never followed out of
+            the checkpoint) or not a folder/regular file (a FIFO is refused, not waited on), the
+            manifest's crc32 differs from ``expected_crc32``, it is not valid JSON or misses fields or
+            declares more than its files hold (see :func:`parse_manifest`), its data format version is
+            newer than this library reads, it was written on a machine of the other byte order, or a
+            column or extra file is of the wrong size (truncated).
     """
     try:
         mode = os.lstat(folder).st_mode

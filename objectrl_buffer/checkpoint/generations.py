@@ -180,8 +180,9 @@ def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     Raises:
         CheckpointNotFoundError: the file does not exist.
-        CheckpointError: it is not a metadata dict (corrupt, truncated, a pickled object, a folder,
-            a format version from the future, an inconsistent ring state, a bad ``data_dir``).
+        CheckpointError: it is not a metadata dict (corrupt, truncated, a pickled object, a folder, a
+            FIFO, over 16 MiB, a format version from the future, a ``metadata_crc32`` that does not
+            match, an inconsistent ring state or one larger than any buffer, a bad ``data_dir``).
     """
     source = metadata_path(path)
     if not os.path.exists(source):

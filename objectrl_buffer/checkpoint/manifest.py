@@ -29,7 +29,9 @@ own state: ``arrays`` are raw files like the columns (any shape, ``bytes = prod(
 crc32, file name ``extra-<name>.bin``), ``values`` small JSON scalars (finite numbers, bools,
 strings). Names are dotted, the owner first (``prioritized.priority``). The key was added within data
 format version 1: a reader that predates it ignores it and loads the rows without the extras.
-Parsing never executes anything: ``json.loads``, then type and range checks of every field.
+Parsing never executes anything: ``json.loads``, then type and range checks of every field, and
+bounds on what it may declare before anything is allocated: columns only with rows (each file holds
+``data_size`` rows of its column, which sizes the rows), at most 2**62 slots and storage bytes.
 """
 
 from __future__ import annotations
@@ -330,8 +332,11 @@ def parse_manifest(payload: bytes, where: str) -> Manifest:
     """Validate the bytes of a manifest file (``where`` names it in errors).
 
     Raises:
-        CheckpointError: not JSON, a field missing or of the wrong type or range, a data format version
-            newer than this library reads, or written on a machine of the other byte order.
+        CheckpointError: not JSON (nested too deeply, an int of 4300+ digits included), a field missing
+            or of the wrong type or range, a data format version newer than this library reads, written
+            on a machine of the other byte order, or declaring more than its files can hold: columns
+            with 0 rows, a buffer_size or storage (buffer_size * row bytes) over 2**62 bytes, a shape
+            whose product is, a device torch cannot parse or ``meta``.
     """
     try:
         raw = json.loads(payload)
