@@ -335,8 +335,8 @@ def parse_manifest(payload: bytes, where: str) -> Manifest:
         CheckpointError: not JSON (nested too deeply, an int of 4300+ digits included), a field missing
             or of the wrong type or range, a data format version newer than this library reads, written
             on a machine of the other byte order, or declaring more than its files can hold: columns
-            with 0 rows, a buffer_size or storage (buffer_size * row bytes) over 2**62 bytes, a shape
-            whose product is, a device torch cannot parse or ``meta``.
+            with 0 rows, a buffer_size, a shape's element count or a storage (buffer_size * row
+            bytes) over 2**62, a device torch cannot parse or ``meta``.
     """
     try:
         raw = json.loads(payload)
