@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -232,20 +234,35 @@ def data_folder(path: str | os.PathLike[str]) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), meta["data_dir"])
 
 
-def edit_manifest(path: str | os.PathLike[str], change: Callable[[dict[str, Any]], None]) -> None:
-    """Rewrite the manifest with ``change`` applied, and re-record its crc32 so only ``change`` is wrong."""
-    folder = data_folder(path)
-    manifest_file = os.path.join(folder, "manifest.json")
-    with open(manifest_file) as f:
-        manifest = json.load(f)
-    change(manifest)
-    payload = json.dumps(manifest).encode()
-    with open(manifest_file, "wb") as f:
-        f.write(payload)
+def signed(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with ``metadata_crc32`` recomputed as the README documents it (crc32 of the other entries
+    as JSON, keys sorted, no spaces, ASCII): what a hostile or careless editor of the file would do."""
+    rest = {k: v for k, v in meta.items() if k != "metadata_crc32"}
+    encoded = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    return {**rest, "metadata_crc32": zlib.crc32(encoded)}
+
+
+def edit_metadata(path: str | os.PathLike[str], change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite ``<path>.metadata`` with ``change`` applied and its own crc32 recomputed (only ``change`` is wrong)."""
     meta_file = os.fspath(path) + ".metadata"
     meta = torch.load(meta_file, weights_only=True)
-    meta["data_manifest_crc32"] = zlib.crc32(payload)
-    torch.save(meta, meta_file)
+    change(meta)
+    torch.save(signed(meta), meta_file)
+
+
+def replace_manifest(path: str | os.PathLike[str], payload: bytes) -> None:
+    """Write ``payload`` as the manifest and re-record every checksum that covers it."""
+    with open(os.path.join(data_folder(path), "manifest.json"), "wb") as f:
+        f.write(payload)
+    edit_metadata(path, lambda meta: meta.update(data_manifest_crc32=zlib.crc32(payload)))
+
+
+def edit_manifest(path: str | os.PathLike[str], change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite the manifest with ``change`` applied, and re-record its crc32 so only ``change`` is wrong."""
+    with open(os.path.join(data_folder(path), "manifest.json")) as f:
+        manifest = json.load(f)
+    change(manifest)
+    replace_manifest(path, json.dumps(manifest).encode())
 
 
 def tree(folder: str | os.PathLike[str]) -> dict[str, bytes]:
@@ -340,3 +357,48 @@ def round_trip_in_fresh_process(
         expected = torch.load(tmp_path / f"expected-{name}.pt", weights_only=False)
         got = torch.load(tmp_path / f"got-{name}.pt", weights_only=False)
         assert_same(got, expected, name)
+
+
+def save_version_at_once(path: str, storage: str, v: int, barrier: Any) -> None:
+    """Child: build version ``v``, wait for every other saver at ``barrier``, then save it with data."""
+    from objectrl_buffer.checkpoint.generations import wait_for_cleanup
+
+    rb = version(storage, v)
+    barrier.wait()
+    rb.save(path, data=True)
+    wait_for_cleanup()
+
+
+def save_and_hang(path: str, storage: str, v: int, flag: str) -> None:
+    """Child: save version ``v`` but stop for good once its data folder is written (then get SIGKILLed)."""
+    import time
+
+    from objectrl_buffer.checkpoint import generations
+
+    real = generations.write_data_folder
+
+    def write_then_hang(*args: Any, **kwargs: Any) -> int:
+        real(*args, **kwargs)
+        with open(flag, "w"):
+            pass
+        time.sleep(600)
+        raise AssertionError("not killed")
+
+    generations.write_data_folder = write_then_hang  # type: ignore[assignment]
+    version(storage, v).save(path, data=True)
+
+
+@contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Fail (instead of hanging the suite) if the block takes longer than ``seconds`` (main thread only)."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still blocked after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -26,6 +26,7 @@ through host chunks).
 from __future__ import annotations
 
 import os
+import stat
 import zlib
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,13 +37,17 @@ import torch
 from objectrl_buffer.checkpoint.io import (
     Crc32,
     Progress,
+    file_kind,
     fsync_path,
+    open_regular,
     progress_bar,
+    read_small_file,
     readinto_exact,
     write_all,
 )
 from objectrl_buffer.checkpoint.manifest import (
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     Column,
     ExtraArray,
     ExtraValue,
@@ -188,13 +193,17 @@ def write_data_folder(folder: str, state: BufferState, progress: bool | None = N
 
 # ---------------------------------------------------------------------------------------------- reading
 def _check_file(path: str, nbytes: int, what: str) -> None:
-    """Raise if the data file ``path`` (``what`` names it for humans) is missing, a folder, or not ``nbytes`` long."""
+    """Raise if the data file ``path`` (``what`` names it for humans) is missing, not a regular file (a
+    symlink, a folder, a FIFO), or not ``nbytes`` long."""
     try:
-        size = os.stat(path).st_size
+        info = os.lstat(path)  # a symlink is refused, never followed out of the checkpoint
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{what} file '{path}' is missing") from None
-    if not os.path.isfile(path):
-        raise CheckpointError(f"'{path}' is a folder, expected the {what} file")
+    except OSError as exc:
+        raise CheckpointError(f"cannot read '{path}': {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(f"'{path}' is a {file_kind(info.st_mode)}, expected the {what} file")
+    size = info.st_size
     if size != nbytes:
         raise CheckpointError(
             f"'{path}' has {size} bytes, its manifest records {nbytes}: the file is truncated or damaged"
@@ -206,23 +215,28 @@ def read_manifest(folder: str, expected_crc32: int | None) -> Manifest:
 
     Raises:
         CheckpointNotFoundError: the folder, the manifest or a file it lists does not exist.
-        CheckpointError: the folder is a file, the manifest's crc32 differs from ``expected_crc32``, it is
-            not valid JSON or misses fields, its data format version is newer than this library reads,
-            it was written on a machine of the other byte order, or a column or extra file is not a
-            file or of the wrong size (truncated).
+        CheckpointError: the folder, the manifest or a file it lists is a symlink (never followed out of
+            the checkpoint) or not a folder/regular file (a FIFO is refused, not waited on), the
+            manifest's crc32 differs from ``expected_crc32``, it is not valid JSON or misses fields or
+            declares more than its files hold (see :func:`parse_manifest`), its data format version is
+            newer than this library reads, it was written on a machine of the other byte order, or a
+            column or extra file is of the wrong size (truncated).
     """
-    if not os.path.lexists(folder):
-        raise CheckpointNotFoundError(f"the checkpoint's data folder '{folder}' does not exist")
-    if not os.path.isdir(folder):
-        raise CheckpointError(f"'{folder}' is a file, expected the checkpoint's data folder")
+    try:
+        mode = os.lstat(folder).st_mode
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"the checkpoint's data folder '{folder}' does not exist") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read '{folder}': {exc.strerror or exc}") from exc
+    if stat.S_ISLNK(mode):
+        raise CheckpointError(f"'{folder}' is a symbolic link: a checkpoint's data folder must be a real folder")
+    if not stat.S_ISDIR(mode):
+        raise CheckpointError(f"'{folder}' is a {file_kind(mode)}, expected the checkpoint's data folder")
     where = os.path.join(folder, MANIFEST)
     try:
-        with open(where, "rb") as f:
-            payload = f.read()
+        payload = read_small_file(where, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"the data folder '{folder}' has no {MANIFEST}") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read '{where}': {exc.strerror or exc}") from exc
     if expected_crc32 is not None and zlib.crc32(payload) != expected_crc32:
         raise CheckpointError(f"'{where}' is corrupted: its crc32 differs from the one recorded in the metadata")
     manifest = parse_manifest(payload, where)
@@ -282,7 +296,8 @@ def _copy_files(folder: str, files: list[_File], verify: bool, bar: Progress) ->
                 scratch = [torch.empty(size, dtype=torch.uint8) for _ in range(2)]
             crc = Crc32(crc_pool)
             try:
-                with open(path, "rb", buffering=0) as f:
+                # Not a symlink, FIFO or other non-file swapped in since read_manifest checked it.
+                with os.fdopen(open_regular(path), "rb", buffering=0) as f:
                     for i, (start, n) in enumerate(chunks):
                         if direct and flat is not None:
                             prefault.wait(piece)

@@ -4,7 +4,10 @@ A checkpoint at ``path`` is
 
 * ``<path>.metadata``: readable by plain ``torch.load`` (``weights_only=True``), a dict of plain ints and
   strings with at least ``buffer_size``, ``data_size`` and ``pointer``, as ObjectRL writes it. A full
-  save adds ``data_dir`` (the name of the data folder beside it) and ``data_manifest_crc32``.
+  save adds ``data_dir`` (the name of the data folder beside it) and ``data_manifest_crc32``. Every
+  save adds ``metadata_crc32``: the zlib crc32 of all other entries as JSON (keys sorted, separators
+  ``","`` and ``":"``, ASCII), so a flipped bit (``data_dir`` -> ``data_dis``) is refused instead of read
+  as another checkpoint. Files without it (older saves, ObjectRL's own) are read as before.
 * a full save of a buffer whose counters include rows that hold no data (restored by a metadata-only
   load, not yet overwritten) also records ``phantom``: how many of the oldest counted rows those are, so
   that a load never samples them. An optional key of format version 1: a file without it has none (all
@@ -19,8 +22,12 @@ interpreter waits for at exit, so ``save`` returns as soon as the new checkpoint
 at any moment leaves the metadata naming either the complete old generation or the complete new one;
 half-written or unreferenced generations are removed by the next successful save.
 
-One writer per path at a time. A reader that races a writer of the same path may find the generation
-it was about to read deleted (:class:`CheckpointNotFoundError`); reading again gives the new one.
+Writers of one path take turns: a save holds ``<path>.metadata.lock`` (``flock``, released by the kernel
+if the saver dies; the file is removed when the save is done) from creating its data folder until its
+cleanup has chosen what to remove, so no save removes another's folder or temp file and every save
+that returns leaves a checkpoint that loads (the last one to take the lock wins). A reader that races a
+writer of the same path may find the generation it was about to read deleted
+(:class:`CheckpointNotFoundError`); reading again gives the new one.
 
 Loading never unpickles objects and never writes into a checkpoint: rows are copied into the
 buffer's own storage, built beside the old one and swapped in only once everything has been read and
@@ -29,28 +36,33 @@ checked, so a failed load leaves the buffer as it was.
 
 from __future__ import annotations
 
+import io
+import json
 import os
-import pickle
 import re
 import secrets
 import shutil
 import warnings
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import torch
 
-from objectrl_buffer.checkpoint.data import (
-    BufferState,
-    read_data,
-    read_manifest,
-    verify_data,
-    write_data_folder,
+from objectrl_buffer.checkpoint.data import BufferState, read_data, read_manifest, verify_data, write_data_folder
+from objectrl_buffer.checkpoint.io import (
+    atomic_write,
+    fsync_path,
+    read_small_file,
+    remove_in_background,
+    wait_for_cleanup,
 )
-from objectrl_buffer.checkpoint.io import atomic_write, fsync_path, remove_in_background, wait_for_cleanup
 from objectrl_buffer.checkpoint.manifest import ExtraValue, Manifest
 from objectrl_buffer.core.schema import Schema
+from objectrl_buffer.core.sync import lock_file
+from objectrl_buffer.core.validate import MAX_SIZE
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 from objectrl_buffer.storage.table import TransitionStorage
 
@@ -58,6 +70,7 @@ __all__ = [
     "METADATA_SUFFIX",
     "FORMAT",
     "metadata_path",
+    "metadata_crc32",
     "atomic_write",
     "save_metadata",
     "load_metadata",
@@ -73,14 +86,26 @@ __all__ = [
 ]
 
 METADATA_SUFFIX = ".metadata"
+LOCK_SUFFIX = ".lock"  # <path>.metadata.lock: held by a save from its new data folder to its cleanup
 FORMAT = "objectrl_buffer"
 FORMAT_VERSION = 1  # of the metadata dict; the data folder carries its own (checkpoint_data.DATA_FORMAT_VERSION)
 _GENERATION = r"\.data-[0-9a-f]{16}"
+METADATA_CRC32 = "metadata_crc32"
+#: ObjectRL's metadata is a few ints, ours a few more: anything this large is not a metadata file.
+MAX_METADATA_BYTES = 16 << 20
 
 
 def metadata_path(path: str | os.PathLike[str]) -> str:
     """``path + ".metadata"`` for a ``str`` or ``os.PathLike`` path."""
     return os.fspath(path) + METADATA_SUFFIX
+
+
+def brief(value: Any) -> str:
+    """``repr(value)`` short enough for a one-line error (a 5000-digit int cannot even be printed)."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"<an int of {value.bit_length()} bits>"
+    text = repr(value) if isinstance(value, (int, float, str, bytes, type(None))) else f"<a {type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def check_ring(meta: dict[str, Any], where: str) -> tuple[int, int, int]:
@@ -90,8 +115,11 @@ def check_ring(meta: dict[str, Any], where: str) -> tuple[int, int, int]:
     except KeyError as exc:
         raise CheckpointError(f"'{where}' lacks the key {exc.args[0]!r}") from None
     if not all(type(v) is int for v in values):
-        raise CheckpointError(f"'{where}': buffer_size, data_size and pointer must be ints, got {values}")
+        shown = ", ".join(brief(v) for v in values)
+        raise CheckpointError(f"'{where}': buffer_size, data_size and pointer must be ints, got {shown}")
     capacity, size, pointer = values
+    if capacity > MAX_SIZE:
+        raise CheckpointError(f"'{where}': buffer_size {brief(capacity)} is larger than any buffer ({MAX_SIZE})")
     valid = capacity > 0 and 0 <= size <= capacity and 0 <= pointer < capacity
     if not valid or (size < capacity and pointer != size):
         raise CheckpointError(
@@ -100,12 +128,55 @@ def check_ring(meta: dict[str, Any], where: str) -> tuple[int, int, int]:
     return capacity, size, pointer
 
 
+def metadata_crc32(meta: dict[str, Any]) -> int:
+    """The metadata file's own checksum: crc32 of every entry but ``metadata_crc32`` as canonical JSON.
+
+    Raises:
+        TypeError, ValueError, RecursionError: an entry JSON cannot encode (a key that is not a string,
+            a tensor, a NaN, an int of more than 4300 digits, a nesting too deep).
+    """
+    rest = {k: v for k, v in meta.items() if k != METADATA_CRC32}
+    if not all(isinstance(k, str) for k in rest):
+        raise TypeError("metadata keys must be strings")
+    encoded = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return zlib.crc32(encoded.encode("ascii"))
+
+
 def save_metadata(path: str | os.PathLike[str], meta: dict[str, Any]) -> str:
-    """Atomically write ``meta`` (plain ints/strings) to ``path + ".metadata"``; return that file name."""
+    """Atomically write ``meta`` (plain ints/strings) and its crc32 to ``path + ".metadata"``; return that file name."""
     target = metadata_path(path)
     payload = {**meta, "format": FORMAT, "format_version": FORMAT_VERSION}
+    try:
+        payload[METADATA_CRC32] = metadata_crc32(payload)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"cannot save '{target}': the metadata must be plain ints and strings ({exc})") from None
     atomic_write(target, lambda f: torch.save(payload, f))
     return target
+
+
+def _reason(exc: BaseException) -> str:
+    """One line saying why ``torch.load`` failed, without torch's advice to load unsafely."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(("Weights only load failed", "Check the documentation"))]
+    text = f"{type(exc).__name__}: {useful[0]}" if useful else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _check_own_crc32(meta: dict[str, Any], source: str) -> None:
+    """Compare the metadata's ``metadata_crc32`` (when it has one) with its entries."""
+    if METADATA_CRC32 not in meta:
+        return
+    recorded = meta[METADATA_CRC32]
+    if type(recorded) is not int or not 0 <= recorded < 2**32:
+        raise CheckpointError(f"'{source}' is corrupted: metadata_crc32 is {brief(recorded)}, expected a crc32")
+    try:
+        actual = metadata_crc32(meta)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"'{source}' is corrupted: its entries cannot be checksummed ({exc})") from None
+    if actual != recorded:
+        raise CheckpointError(
+            f"'{source}' is corrupted: the crc32 of its entries is {actual:08x}, it records {recorded:08x}"
+        )
 
 
 def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -113,8 +184,9 @@ def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     Raises:
         CheckpointNotFoundError: the file does not exist.
-        CheckpointError: it is not a metadata dict (corrupt, truncated, a pickled object, a folder,
-            a format version from the future, an inconsistent ring state, a bad ``data_dir``).
+        CheckpointError: it is not a metadata dict (corrupt, truncated, a pickled object, a folder, a
+            FIFO, over 16 MiB, a format version from the future, a ``metadata_crc32`` that does not
+            match, an inconsistent ring state or one larger than any buffer, a bad ``data_dir``).
     """
     source = metadata_path(path)
     if not os.path.exists(source):
@@ -122,32 +194,39 @@ def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     if os.path.isdir(source):
         raise CheckpointError(f"'{source}' is a folder, expected a metadata file")
     try:
-        meta = torch.load(source, map_location="cpu", weights_only=True)
-    except OSError as exc:
-        raise CheckpointError(f"cannot read '{source}': {exc.strerror or exc}") from exc
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+        # Read it ourselves: never blocks on a FIFO, never more than a metadata file can be.
+        payload = read_small_file(source, MAX_METADATA_BYTES, follow_symlink=True)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"no buffer checkpoint at '{source}'") from None
+    try:
+        meta = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as exc:  # damaged zip or pickle bytes make torch raise almost any class
         raise CheckpointError(
-            f"'{source}' is not a readable metadata file (corrupt, truncated or unsafe): {exc}"
+            f"'{source}' is not a readable metadata file (corrupt, truncated or unsafe): {_reason(exc)}"
         ) from exc
     if not isinstance(meta, dict):
         raise CheckpointError(f"'{source}' holds a {type(meta).__name__}, expected a metadata dict")
     version = meta.get("format_version", 0)
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise CheckpointError(
-            f"'{source}' has format version {version}; this objectrl_buffer reads up to {FORMAT_VERSION}: upgrade it"
+            f"'{source}' has format version {brief(version)}; this objectrl_buffer reads up to {FORMAT_VERSION}: "
+            "upgrade it"
         )
+    _check_own_crc32(meta, source)
     check_ring(meta, source)
     phantom = meta.get("phantom", 0)
     if type(phantom) is not int or not 0 <= phantom <= meta["data_size"]:
         raise CheckpointError(f"'{source}': phantom must be an int in [0, data_size], got {phantom!r}")
+    if "data_manifest_crc32" in meta and "data_dir" not in meta:  # a damaged key name, in a file without crc32
+        raise CheckpointError(f"'{source}' is corrupted: it has data_manifest_crc32 but no data_dir")
     if "data_dir" in meta:
         base = os.path.basename(source)[: -len(METADATA_SUFFIX)]
         data_dir, crc = meta["data_dir"], meta.get("data_manifest_crc32")
         # Only a generation folder of this very checkpoint, never a path elsewhere on the disk.
         if not isinstance(data_dir, str) or not re.fullmatch(re.escape(base) + _GENERATION, data_dir):
-            raise CheckpointError(f"'{source}': data_dir {data_dir!r} is not a data folder of this checkpoint")
+            raise CheckpointError(f"'{source}': data_dir {brief(data_dir)} is not a data folder of this checkpoint")
         if type(crc) is not int:
-            raise CheckpointError(f"'{source}': data_manifest_crc32 must be an int, got {crc!r}")
+            raise CheckpointError(f"'{source}': data_manifest_crc32 must be an int, got {brief(crc)}")
     return meta
 
 
@@ -235,23 +314,40 @@ def _check_destination(target: str) -> str:
     return folder
 
 
-def _remove_stale(folder: str, base: str, keep: str | None) -> None:
-    """Remove this checkpoint's generation folders other than ``keep`` (in the background) and leftover temp files.
+def _remove_stale(folder: str, base: str, keep: set[str | None]) -> None:
+    """Remove this checkpoint's generation folders not in ``keep`` (in the background) and leftover temp files.
 
-    Best effort: the new checkpoint is complete already, whatever happens here.
+    Called under the writers' lock, with ``keep`` holding the new folder and whatever the metadata names
+    when re-read there: no other writer is between its new folder and its metadata then, so the removed
+    folders are unreferenced for good. Best effort: the new checkpoint is complete already.
     """
     generation = re.compile(re.escape(base) + _GENERATION)
     temp = re.compile(re.escape(base + METADATA_SUFFIX) + r"\.[A-Za-z0-9_]+\.tmp")
     stale = []
     try:
         for entry in os.scandir(folder):
-            if entry.name != keep and generation.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+            if entry.name not in keep and generation.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
                 stale.append(entry.path)
             elif temp.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
                 os.unlink(entry.path)
     except OSError:
         pass
     remove_in_background(stale)
+
+
+@contextmanager
+def _writers_lock(target: str) -> Iterator[None]:
+    """Hold ``<target>.lock`` (``<path>.metadata.lock``): saves of one path wait for each other.
+
+    The kernel releases the lock when its holder dies, and the holder removes the file when done.
+    """
+    lock = target + LOCK_SUFFIX
+    with ExitStack() as held:
+        try:
+            held.enter_context(lock_file(lock))
+        except OSError as exc:
+            raise CheckpointError(f"cannot save '{target}': cannot lock '{lock}': {exc.strerror or exc}") from exc
+        yield
 
 
 def _referenced(path: str | os.PathLike[str]) -> str | None:
@@ -276,37 +372,40 @@ def save_checkpoint(
     folder = _check_destination(target)
     base = os.path.basename(target)[: -len(METADATA_SUFFIX)]
     meta: dict[str, Any] = {"buffer_size": state.buffer_size, "data_size": state.data_size, "pointer": state.pointer}
-    name = None
-    if data:
-        if state.schema is None and state.data_size:
-            raise CheckpointError(
-                f"cannot save the data of '{target}': the buffer counts {state.data_size} rows but holds none "
-                "(its counters came from a metadata-only load); use save(path, data=False)"
-            )
-        name = f"{base}.data-{secrets.token_hex(8)}"
-        generation = os.path.join(folder, name)
+    if data and state.schema is None and state.data_size:
+        raise CheckpointError(
+            f"cannot save the data of '{target}': the buffer counts {state.data_size} rows but holds none "
+            "(its counters came from a metadata-only load); use save(path, data=False)"
+        )
+    # Writers of one path take turns from the new folder to the cleanup: otherwise one's cleanup removes
+    # the folder (or temp file) of another, whose metadata then names nothing.
+    with _writers_lock(target):
+        name = None
+        if data:
+            name = f"{base}.data-{secrets.token_hex(8)}"
+            generation = os.path.join(folder, name)
+            try:
+                os.mkdir(generation)
+                meta["data_manifest_crc32"] = write_data_folder(generation, state, progress)
+                fsync_path(folder)  # the new folder's entry is durable before any metadata names it
+            except BaseException as exc:
+                shutil.rmtree(generation, ignore_errors=True)
+                if isinstance(exc, OSError):
+                    raise CheckpointError(
+                        f"cannot save the data of '{target}' into '{generation}': {exc.strerror or exc}; "
+                        "the previous checkpoint is intact"
+                    ) from exc
+                raise
+            meta["data_dir"] = name
+            if state.phantom:
+                meta["phantom"] = state.phantom
         try:
-            os.mkdir(generation)
-            meta["data_manifest_crc32"] = write_data_folder(generation, state, progress)
-            fsync_path(folder)  # the new folder's entry is durable before any metadata names it
-        except BaseException as exc:
-            shutil.rmtree(generation, ignore_errors=True)
-            if isinstance(exc, OSError):
-                raise CheckpointError(
-                    f"cannot save the data of '{target}' into '{generation}': {exc.strerror or exc}; "
-                    "the previous checkpoint is intact"
-                ) from exc
+            save_metadata(path, meta)
+        except BaseException:
+            if name is not None and _referenced(path) != name:
+                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
             raise
-        meta["data_dir"] = name
-        if state.phantom:
-            meta["phantom"] = state.phantom
-    try:
-        save_metadata(path, meta)
-    except BaseException:
-        if name is not None and _referenced(path) != name:
-            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
-        raise
-    _remove_stale(folder, base, keep=name)
+        _remove_stale(folder, base, keep={name, _referenced(path)})
     return target
 
 

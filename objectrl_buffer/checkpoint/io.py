@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -25,6 +26,9 @@ from objectrl_buffer.errors import CheckpointError
 __all__ = [
     "fsync_path",
     "atomic_write",
+    "file_kind",
+    "open_regular",
+    "read_small_file",
     "write_all",
     "readinto_exact",
     "Crc32",
@@ -66,6 +70,69 @@ def atomic_write(target: str, write: Callable[[BinaryIO], None]) -> None:
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words, from its ``st_mode``."""
+    kinds = {
+        stat.S_IFREG: "file",
+        stat.S_IFDIR: "folder",
+        stat.S_IFIFO: "FIFO",
+        stat.S_IFSOCK: "socket",
+        stat.S_IFLNK: "symbolic link",
+    }
+    return kinds.get(stat.S_IFMT(mode), "device")
+
+
+def open_regular(path: str, *, follow_symlink: bool = False) -> int:
+    """Open the checkpoint file ``path`` for reading, only if it is a regular file; return the descriptor.
+
+    Never blocks (``O_NONBLOCK``: a FIFO put in place of a file would wait forever for a writer) and,
+    unless ``follow_symlink``, never follows a symlink out of the checkpoint (``O_NOFOLLOW``). The type
+    is checked on the open descriptor, so a file swapped in after a check cannot slip through.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (the caller says what is missing).
+        CheckpointError: it is a symlink, a folder, a FIFO, a device or a socket.
+        OSError: it cannot be opened (the caller names the checkpoint).
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlink else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if not follow_symlink and os.path.islink(path):
+            raise CheckpointError(f"'{path}' is a symbolic link: a checkpoint's files must be inside it") from None
+        raise exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise CheckpointError(f"'{path}' is a {file_kind(mode)}, expected a regular file")
+    return fd
+
+
+def read_small_file(path: str, limit: int, *, follow_symlink: bool = False) -> bytes:
+    """The bytes of the regular file ``path`` (see :func:`open_regular`), refused if larger than ``limit``.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        CheckpointError: not a regular file, more than ``limit`` bytes, or unreadable (``OSError`` chained).
+    """
+    try:
+        fd = open_regular(path, follow_symlink=follow_symlink)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise CheckpointError(f"cannot read '{path}': {exc.strerror or exc}") from exc
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            payload = f.read(limit + 1)  # never more: the file may be huge, or grow while read
+    except OSError as exc:
+        raise CheckpointError(f"cannot read '{path}': {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    if len(payload) > limit:
+        raise CheckpointError(f"'{path}' has more than the {limit} bytes such a file may have: not a checkpoint file")
+    return payload
 
 
 def write_all(fd: int, data: memoryview) -> None:

@@ -32,7 +32,9 @@ format version 1: a reader that predates it ignores it and loads the rows withou
 ``ring.num_envs`` (optional, added within data format version 1, written only when not 1; absent
 means 1) is the buffer's number of vector envs: it divides the other three ring values. A reader
 that predates it ignores it and loads the rows as one env's.
-Parsing never executes anything: ``json.loads``, then type and range checks of every field.
+Parsing never executes anything: ``json.loads``, then type and range checks of every field, and
+bounds on what it may declare before anything is allocated: columns only with rows (each file holds
+``data_size`` rows of its column, which sizes the rows), at most 2**62 slots and storage bytes.
 """
 
 from __future__ import annotations
@@ -54,12 +56,14 @@ from typing import Any, TypeAlias
 import torch
 
 from objectrl_buffer.core.schema import INDEX_KEY, Field, Key, Schema, format_key
+from objectrl_buffer.core.validate import MAX_SIZE
 from objectrl_buffer.errors import CheckpointError
 
 __all__ = [
     "DATA_FORMAT",
     "DATA_FORMAT_VERSION",
     "MANIFEST",
+    "MAX_MANIFEST_BYTES",
     "Column",
     "ExtraArray",
     "ExtraValue",
@@ -73,6 +77,8 @@ __all__ = [
 DATA_FORMAT = "objectrl_buffer.data"
 DATA_FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+#: A manifest is a few hundred bytes per column: anything larger is not one (and is not read whole).
+MAX_MANIFEST_BYTES = 16 << 20
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 _FILE_NAME = re.compile(r"[0-9]{3,}-[A-Za-z0-9_.-]{0,64}\.bin")
@@ -257,6 +263,19 @@ def _int(value: Any) -> bool:
     return type(value) is int and value >= 0
 
 
+def _shape(value: Any) -> bool:
+    """Whether ``value`` is a shape torch can hold: at most 64 sizes >= 0 whose product fits a byte count.
+
+    Checked in Python ints: ``torch.Size([2**62, 2**62]).numel()`` wraps around to 0.
+    """
+    return (
+        isinstance(value, list)
+        and len(value) <= 64
+        and all(_int(s) and s <= MAX_SIZE for s in value)
+        and math.prod(value) <= MAX_SIZE
+    )
+
+
 def _extra_value(value: Any) -> bool:
     """Whether ``value`` may be an extra value: a bool, an int, a finite float or a string."""
     if isinstance(value, float):
@@ -272,7 +291,7 @@ def _parse_column(raw: Any, rows: int, where: str) -> Column:
         where,
         f"bad column key {key!r}",
     )
-    _require(isinstance(shape, list) and all(_int(s) for s in shape), where, f"bad shape {shape!r} of {key}")
+    _require(_shape(shape), where, f"bad shape {shape!r} of {key}")
     _require(dtype_name in _DTYPES, where, f"unknown dtype {dtype_name!r} of {key}")
     _require(isinstance(name, str) and _FILE_NAME.fullmatch(name) is not None, where, f"bad file name {name!r}")
     field = Field(key[0] if len(key) == 1 else tuple(key), torch.Size(shape), _DTYPES[dtype_name])
@@ -287,7 +306,7 @@ def _parse_extra_array(raw: Any, where: str) -> ExtraArray:
     _require(isinstance(raw, dict), where, f"an extra array entry is {type(raw).__name__}, expected an object")
     name, shape, dtype_name, file = raw.get("name"), raw.get("shape"), raw.get("dtype"), raw.get("file")
     _require(isinstance(name, str) and _EXTRA_NAME.fullmatch(name) is not None, where, f"bad extra name {name!r}")
-    _require(isinstance(shape, list) and all(_int(s) for s in shape), where, f"bad shape {shape!r} of {name}")
+    _require(_shape(shape), where, f"bad shape {shape!r} of {name}")
     _require(dtype_name in _DTYPES, where, f"unknown dtype {dtype_name!r} of {name}")
     _require(file == extra_file_name(name), where, f"bad file name {file!r} of {name}")
     size, dtype = torch.Size(shape), _DTYPES[dtype_name]
@@ -321,13 +340,17 @@ def parse_manifest(payload: bytes, where: str) -> Manifest:
     """Validate the bytes of a manifest file (``where`` names it in errors).
 
     Raises:
-        CheckpointError: not JSON, a field missing or of the wrong type or range, a data format version
-            newer than this library reads, or written on a machine of the other byte order.
+        CheckpointError: not JSON (nested too deeply, an int of 4300+ digits included), a field missing
+            or of the wrong type or range, a data format version newer than this library reads, written
+            on a machine of the other byte order, or declaring more than its files can hold: columns
+            with 0 rows, a buffer_size, a shape's element count or a storage (buffer_size * row
+            bytes) over 2**62, a device torch cannot parse or ``meta``.
     """
     try:
         raw = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"'{where}' is not valid JSON: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: also an int of 4300+ digits
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise CheckpointError(f"'{where}' is not valid JSON: {reason}") from None
     _require(isinstance(raw, dict) and raw.get("format") == DATA_FORMAT, where, f"'format' is not {DATA_FORMAT!r}")
     version = raw.get("format_version")
     _require(_int(version), where, f"bad format_version {version!r}")
@@ -344,6 +367,7 @@ def parse_manifest(payload: bytes, where: str) -> Manifest:
         ring, sampling, devices, gen = raw["ring"], raw["sampling"], raw["devices"], raw["sampling"]["generator"]
         capacity, rows, pointer = ring["buffer_size"], ring["data_size"], ring["pointer"]
         _require(all(_int(v) for v in (capacity, rows, pointer)), where, "ring values must be ints >= 0")
+        _require(capacity <= MAX_SIZE, where, f"buffer_size is larger than any buffer ({MAX_SIZE})")
         _require(capacity > 0 and rows <= capacity and pointer < capacity, where, f"bad ring state {ring}")
         _require(rows == capacity or pointer == rows, where, f"bad ring state {ring}")
         num_envs = ring.get("num_envs", 1)
@@ -375,8 +399,27 @@ def parse_manifest(payload: bytes, where: str) -> Manifest:
     keys = [c.field.key for c in manifest.columns]
     _require(len(set(keys)) == len(keys), where, "a key appears twice")
     _require(rows == 0 or bool(keys), where, f"{rows} rows but no columns")
+    # Bound what it declares by what its files hold, before anything is allocated: a column's file
+    # holds rows * row bytes (checked against its size), so with 0 rows it could declare any row.
+    # Writers record columns only for rows they hold.
+    _require(rows > 0 or not keys, where, f"0 rows but {len(keys)} columns (columns are recorded with rows only)")
+    row_bytes = sum(c.field.row_bytes for c in manifest.columns)
+    _require(
+        capacity * row_bytes <= MAX_SIZE,
+        where,
+        f"{capacity} rows of {row_bytes} bytes are more bytes than any storage holds ({MAX_SIZE})",
+    )
     _require(isinstance(manifest.shuffle, bool) and type(manifest.generator_seed) is int, where, "bad sampling")
     _require(isinstance(manifest.created, dict), where, "bad 'created'")
     for name in ("generator_device", "device", "storing_device"):
-        _require(isinstance(getattr(manifest, name), str), where, f"bad {name}")
+        value = getattr(manifest, name)
+        _require(isinstance(value, str) and _device(value), where, f"bad {name} {str(value)[:40]!r}")
     return manifest
+
+
+def _device(name: str) -> bool:
+    """Whether ``name`` is a device rows could be on (``meta`` tensors have no data)."""
+    try:
+        return torch.device(name).type != "meta"
+    except (RuntimeError, ValueError):
+        return False

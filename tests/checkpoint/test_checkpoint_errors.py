@@ -23,7 +23,7 @@ from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.checkpoint import data as checkpoint_data
 from objectrl_buffer.checkpoint.generations import wait_for_cleanup
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
-from tests.support import assert_same, data_folder, edit_manifest, fill_rows, full_snapshot, tree
+from tests.support import assert_same, data_folder, edit_manifest, fill_rows, full_snapshot, signed, tree
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def edit_manifest_crc_only(path: Path) -> None:
     meta_file = f"{path}.metadata"
     meta = torch.load(meta_file, weights_only=True)
     meta["data_manifest_crc32"] = zlib.crc32(Path(data_folder(path), "manifest.json").read_bytes())
-    torch.save(meta, meta_file)
+    torch.save(signed(meta), meta_file)
 
 
 def test_truncated_and_garbage_metadata(saved: Path, target: ReplayBuffer) -> None:
@@ -171,7 +171,7 @@ def test_inconsistent_manifest(saved: Path, target: ReplayBuffer, change: Callab
 def test_data_dir_pointing_elsewhere_is_refused(saved: Path, target: ReplayBuffer, tmp_path: Path) -> None:
     meta = torch.load(f"{saved}.metadata", weights_only=True)
     for elsewhere in ["../storage", "/etc", "other.data-0123456789abcdef", 42]:
-        torch.save({**meta, "data_dir": elsewhere}, f"{saved}.metadata")
+        torch.save(signed({**meta, "data_dir": elsewhere}), f"{saved}.metadata")  # refused even with a good crc32
         refused(target, saved, CheckpointError, "is not a data folder of this checkpoint")
 
 

@@ -156,7 +156,8 @@ def test_metadata_only_save_is_unchanged_objectrl_format(tmp_path: Path) -> None
     rb = make(tmp_path, 8, 13)
     rb.save(str(tmp_path / "run"))
     meta = torch.load(tmp_path / "run.metadata", weights_only=True)
-    assert meta == {"buffer_size": 8, "data_size": 8, "pointer": 5, "format": "objectrl_buffer", "format_version": 1}
+    ring = {"buffer_size": 8, "data_size": 8, "pointer": 5}
+    assert meta == {**ring, "format": "objectrl_buffer", "format_version": 1, "metadata_crc32": meta["metadata_crc32"]}
     assert sorted(os.listdir(tmp_path)) == ["run.metadata", "storage"]
     fresh = ReplayBuffer("cpu", "cpu", 3, storage_dir=tmp_path / "storage")
     fresh.load(tmp_path / "run")  # ObjectRL semantics: counters only, capacity adopted

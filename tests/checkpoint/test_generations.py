@@ -53,7 +53,7 @@ def test_save_and_load_round_trip(tmp_path: pathlib.Path) -> None:
     assert target == str(tmp_path / "b.metadata")
     assert os.listdir(tmp_path) == ["b.metadata"]
     raw = torch.load(target, weights_only=True)
-    assert raw == {**GOOD, "format": FORMAT, "format_version": FORMAT_VERSION}
+    assert raw == {**GOOD, "format": FORMAT, "format_version": FORMAT_VERSION, "metadata_crc32": raw["metadata_crc32"]}
     assert load_metadata(str(tmp_path / "b")) == raw
 
 

@@ -198,7 +198,7 @@ def test_metadata_only_checkpoint_keeps_uniform_priorities(tmp_path: Path) -> No
     original = make(tmp_path, 8, 13)
     original.save(tmp_path / "counters")  # ObjectRL's save: three ints, no priorities
     assert sorted(torch.load(tmp_path / "counters.metadata", weights_only=True)) == [
-        "buffer_size", "data_size", "format", "format_version", "pointer",
+        "buffer_size", "data_size", "format", "format_version", "metadata_crc32", "pointer",
     ]  # fmt: skip
     holding = make(tmp_path, 8, 13, seed=2)
     holding.load(tmp_path / "counters")
