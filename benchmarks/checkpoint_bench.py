@@ -104,7 +104,7 @@ def main() -> None:
         rb = ReplayBuffer("cpu", "cpu", args.rows, seed=0, storage_dir=os.path.join(work, "storage"))
         fill(rb, args.rows)
         assert rb.schema is not None
-        columns = [rb._storage.columns[f.key][: len(rb)] for f in rb.schema.fields]
+        columns = [rb.engine.storage.columns[f.key][: len(rb)] for f in rb.schema.fields]
         nbytes = sum(c.numel() * c.element_size() for c in columns)
         path = os.path.join(work, "ckpt", "run")
         os.makedirs(os.path.dirname(path))

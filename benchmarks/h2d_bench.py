@@ -86,7 +86,7 @@ def main() -> None:
         }
         rb = ReplayBuffer("cuda", "cpu", rows, seed=0)
         rb.add_batch(data)
-        cols = rb._storage.columns
+        cols = rb.engine.storage.columns
         for k in (256, 1024, 4096) if name == "mujoco" else (32, 256):
             nbytes = k * sum(torch.Size(s).numel() * d.itemsize for s, d in spec.values())
 

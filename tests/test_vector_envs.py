@@ -322,7 +322,7 @@ def test_slices_never_cross_envs_and_match_per_env_reference(
             assert batch["step"][i, :real].tolist() == list(range(first, first + real))
         # the exact table of valid starts is the reference's
         ends = ("terminated", "truncated")
-        stored = StoredRows(rb._storage.columns, ends, rb.pointer, len(rb), rb.buffer_size, num_envs)
+        stored = StoredRows(rb.engine.storage.columns, ends, rb.engine.ring, num_envs)
         slots = stored.slots(_all_valid_starts(stored, slice_len, pad, torch.device("cpu")))
         table = rb.sample_by_index(slots)
         assert {(int(e), int(s)) for e, s in zip(table["env"], table["step"], strict=True)} == {

@@ -47,7 +47,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import torch
 
@@ -81,7 +81,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "verify_checkpoint",
-    "build_from_checkpoint",
+    "restore_devices",
     "wait_for_cleanup",
 ]
 
@@ -264,20 +264,6 @@ class Restored:
     num_envs: int = 1
 
 
-class Checkpointable(Protocol):
-    """What :func:`load_checkpoint` needs of a buffer.
-
-    ``_check_checkpoint`` may refuse a fully read checkpoint (raise :class:`CheckpointError`) and must
-    then change nothing; ``_restore_checkpoint`` adopts it and must not fail.
-    """
-
-    def _checkpoint_state(self) -> BufferState: ...
-
-    def _check_checkpoint(self, restored: Restored) -> None: ...
-
-    def _restore_checkpoint(self, restored: Restored) -> None: ...
-
-
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Read and validate ``<path>.metadata`` and, for a full checkpoint, its manifest and file sizes.
 
@@ -414,24 +400,27 @@ def _layout(schema: Schema | None) -> dict[Any, tuple[torch.Size, torch.dtype]]:
 
 
 def load_checkpoint(
-    buffer: Checkpointable, path: str | os.PathLike[str], verify: bool = True, progress: bool | None = None
-) -> None:
-    """Validate the checkpoint at ``path``, read it into new storage, then let ``buffer`` adopt it.
+    state: BufferState,
+    path: str | os.PathLike[str],
+    check: Callable[[Restored], None] = lambda restored: None,
+    verify: bool = True,
+    progress: bool | None = None,
+) -> Restored:
+    """Validate the checkpoint at ``path`` against the buffer described by ``state``, read it into new
+    storage, let ``check`` refuse it (``CheckpointError``), and return it for the buffer to adopt.
 
     Capacity and schema: a buffer that holds rows only loads a checkpoint of its own ``buffer_size``
     and (for a full checkpoint) its own keys/shapes/dtypes and ``num_envs``; an empty buffer adopts
     whatever was saved. A metadata-only checkpoint keeps the buffer's ``num_envs`` (its counters must
     be whole env steps of it).
-    Everything (rows, extra arrays) is read and checked, and ``buffer._check_checkpoint`` has accepted
-    it, before ``buffer._restore_checkpoint`` changes anything.
+    Everything (rows, extra arrays) is read and checked, and ``check`` has accepted it, before this
+    returns: the caller adopts a :class:`Restored` that cannot fail (the new storage is closed on failure).
 
     Raises:
         CheckpointNotFoundError, CheckpointError: see :func:`open_checkpoint`; also a capacity or schema
-            that does not fit, a checksum mismatch (when ``verify``), or saved extras the buffer refuses.
-            ``buffer`` is then unchanged.
+            that does not fit, a checksum mismatch (when ``verify``), or what ``check`` refuses.
     """
     ckpt = open_checkpoint(path)
-    state = buffer._checkpoint_state()
     capacity, size, pointer = check_ring(ckpt.meta, ckpt.metadata_file)
     holds_rows = state.schema is not None
     if holds_rows and capacity != state.buffer_size:
@@ -447,9 +436,8 @@ def load_checkpoint(
                 f"whole env steps of this buffer's num_envs={state.num_envs}"
             )
         restored = Restored(capacity, size, pointer, source=ckpt.metadata_file, num_envs=state.num_envs)
-        buffer._check_checkpoint(restored)
-        buffer._restore_checkpoint(restored)
-        return
+        check(restored)
+        return restored
     if holds_rows and manifest.schema is not None and _layout(manifest.schema) != _layout(state.schema):
         raise CheckpointError(
             f"'{ckpt.data_folder}' holds {manifest.schema!r} but this buffer holds data of {state.schema!r}: "
@@ -492,7 +480,7 @@ def load_checkpoint(
             phantom=ckpt.meta.get("phantom", 0),
             num_envs=manifest.num_envs,
         )
-        buffer._check_checkpoint(restored)
+        check(restored)
     except BaseException as exc:
         if storage is not None:
             storage.close()
@@ -501,7 +489,7 @@ def load_checkpoint(
                 f"cannot load '{ckpt.data_folder}' into new storage on {state.storing_device}: {exc}"
             ) from exc
         raise
-    buffer._restore_checkpoint(restored)
+    return restored
 
 
 def verify_checkpoint(path: str | os.PathLike[str], progress: bool | None = None) -> Checkpoint:
@@ -526,23 +514,14 @@ def _usable(name: str, what: str, source: str) -> str:
         return "cpu"
 
 
-B = TypeVar("B")
+def restore_devices(
+    path: str | os.PathLike[str], device: torch.device | str | None, storing_device: torch.device | str | None
+) -> tuple[Checkpoint, torch.device | str, torch.device | str]:
+    """Open and validate the checkpoint at ``path`` for ``from_checkpoint``; return it with the devices a
+    new buffer should use: those given, else those recorded at save time when available here, else cpu.
 
-
-def build_from_checkpoint(
-    make: Callable[[torch.device | str, torch.device | str, Checkpoint], B],
-    load: Callable[[B], None],
-    close: Callable[[B], None],
-    path: str | os.PathLike[str],
-    device: torch.device | str | None,
-    storing_device: torch.device | str | None,
-) -> B:
-    """``make(device, storing_device, checkpoint)`` (opened and validated), then ``load`` it (``close`` on failure).
-
-    ``make`` sizes the buffer from ``checkpoint.meta["buffer_size"]`` and may take other constructor
-    arguments from ``checkpoint.manifest`` (a subclass's saved settings).
-
-    ``None`` devices default to those recorded at save time when available here, else ``"cpu"``.
+    Raises:
+        CheckpointNotFoundError, CheckpointError: see :func:`open_checkpoint`.
     """
     ckpt = open_checkpoint(path)
     saved = ckpt.manifest
@@ -550,10 +529,4 @@ def build_from_checkpoint(
         device = _usable(saved.device, "device", ckpt.metadata_file) if saved else "cpu"
     if storing_device is None:
         storing_device = _usable(saved.storing_device, "storing_device", ckpt.metadata_file) if saved else "cpu"
-    buffer = make(device, storing_device, ckpt)
-    try:
-        load(buffer)
-    except BaseException:
-        close(buffer)
-        raise
-    return buffer
+    return ckpt, device, storing_device

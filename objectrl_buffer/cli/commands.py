@@ -88,7 +88,7 @@ def describe(ckpt: Checkpoint, path: str) -> dict[str, Any]:
     return info
 
 
-def _bytes(n: int) -> str:
+def human_bytes(n: int) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
@@ -106,7 +106,8 @@ def _print_human(info: dict[str, Any]) -> None:
     if info["data_folder"] is None:
         print(line("data", "none: a metadata-only checkpoint (counters, no rows)"))
         return
-    print(line("data", f"{info['data_folder']} (format v{info['data_format_version']}, {_bytes(info['data_bytes'])})"))
+    size = human_bytes(info["data_bytes"])
+    print(line("data", f"{info['data_folder']} (format v{info['data_format_version']}, {size})"))
     print(line("schema", f"{len(info['schema'])} keys, {info['row_bytes']} bytes per row"))
     rows: list[tuple[str, ...]] = [("key", "shape", "dtype", "bytes/row", "bytes")]
     rows += [
@@ -126,7 +127,7 @@ def _print_human(info: dict[str, Any]) -> None:
     )
     print(line("devices", ", ".join(f"{k}={v}" for k, v in info["devices"].items())))
     for extra in info["extra_arrays"]:
-        shape, size = tuple(extra["shape"]), _bytes(extra["bytes"])
+        shape, size = tuple(extra["shape"]), human_bytes(extra["bytes"])
         print(line("extra", f"{extra['name']}: {extra['dtype']} {shape}, {size} in {extra['file']}"))
     if info["extra_values"]:
         print(line("extra", ", ".join(f"{k}={v!r}" for k, v in info["extra_values"].items())))
@@ -146,11 +147,11 @@ def clean(dirs: list[str], dry_run: bool) -> int:
             if not dry_run and not folders.remove(orphan):
                 continue  # taken over meanwhile, or not removable
             owner = f"pid {orphan.pid}, gone" if orphan.pid is not None else "owner gone"
-            print(f"{verb} {orphan.path} ({_bytes(orphan.nbytes)}, {owner})")
+            print(f"{verb} {orphan.path} ({human_bytes(orphan.nbytes)}, {owner})")
             total += orphan.nbytes
             count += 1
     if count:
-        print(f"{verb} {count} folder{'s' * (count != 1)}, {_bytes(total)}")
+        print(f"{verb} {count} folder{'s' * (count != 1)}, {human_bytes(total)}")
     else:
         print("nothing to remove: no folder of a dead process found")
     return 0
@@ -195,6 +196,6 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"OK: {path}: {ckpt.manifest.data_size} rows, {len(ckpt.manifest.columns)} column files"
             + (f" + {len(ckpt.manifest.extra_arrays)} extra" if ckpt.manifest.extra_arrays else "")
-            + f", {_bytes(ckpt.manifest.nbytes + ckpt.manifest.extra_nbytes)}, every crc32 matches"
+            + f", {human_bytes(ckpt.manifest.nbytes + ckpt.manifest.extra_nbytes)}, every crc32 matches"
         )
     return 0

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -242,7 +242,7 @@ class Schema:
             values[key] = tensor
             fields.append(Field(key, tensor.shape[batch_dims:], tensor.dtype))
         schema = cls(fields)
-        schema._check_batch(values, batch_dims)
+        schema.check_batch_rows(values, batch_dims)
         return schema, values
 
     def check(
@@ -361,7 +361,26 @@ class Schema:
             )
         return cast
 
-    def _check_batch(self, values: dict[Key, torch.Tensor], batch_dims: int) -> None:
+    def stored_keys(self, fields: Any, name: str = "fields") -> list[Key]:
+        """``fields`` (a key or an iterable of keys; ``("reward",)`` means ``"reward"``) as stored keys.
+
+        Raises:
+            InvalidArgumentError: ``fields`` is not a key or keys. SchemaError: a key is not stored.
+        """
+        if isinstance(fields, (str, tuple)):
+            keys = [fields]
+        elif isinstance(fields, Iterable) and not isinstance(fields, (bytes, Mapping)):
+            keys = list(fields)
+        else:
+            raise InvalidArgumentError(f"{name} must be a key or a list of keys, got {fields!r}")
+        keys = [k[0] if isinstance(k, tuple) and len(k) == 1 else k for k in keys]
+        for key in keys:
+            if not isinstance(key, (str, tuple)) or key not in self.by_key:
+                stored = [f.key for f in self.fields]
+                raise SchemaError(f"{name}: {key!r} is not stored; stored keys: {stored}")
+        return keys
+
+    def check_batch_rows(self, values: dict[Key, torch.Tensor], batch_dims: int) -> None:
         if batch_dims == 1:
             sizes = {format_key(k): v.shape[0] for k, v in values.items()}
             if len(set(sizes.values())) > 1:

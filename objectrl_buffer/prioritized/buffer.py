@@ -20,50 +20,32 @@ Conventions (each one a choice among the published ones, stated here once):
   priority given since construction or the last ``reset`` (1.0 before any update), so each new row
   is likely to be replayed soon (baselines' convention).
 
-Checkpoints: ``save(path, data=True)`` keeps the priorities, ``max_priority`` and the settings, and
-``load``/``from_checkpoint`` restore them: see :mod:`objectrl_buffer.prioritized.checkpoint`.
+The priorities live in a :class:`~objectrl_buffer.prioritized.priorities.Priorities` beside the rows,
+which is also the buffer's extra checkpoint state: ``save(path, data=True)`` keeps the priorities,
+``max_priority`` and the settings, ``load``/``from_checkpoint`` restore them (a checkpoint without them
+gives every live row priority 1.0): see :mod:`objectrl_buffer.prioritized.checkpoint`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
-import sys
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
-from objectrl_buffer.checkpoint.data import BufferState
-from objectrl_buffer.checkpoint.generations import Checkpoint, Restored
-from objectrl_buffer.core.envs import whole_steps
-from objectrl_buffer.errors import CheckpointError, EmptyBufferError, InvalidArgumentError
-from objectrl_buffer.prioritized.checkpoint import priority_extras, saved_priorities, saved_settings
-from objectrl_buffer.prioritized.index import Backend, PriorityIndex, check_backend, make_priority_index
-from objectrl_buffer.replay_buffer import ReplayBuffer, Slots, Transition, _positive_int
+from objectrl_buffer.core.keys import WEIGHT_KEY
+from objectrl_buffer.core.validate import positive_int, real_in
+from objectrl_buffer.engine import Slots, Transition
+from objectrl_buffer.errors import InvalidArgumentError
+from objectrl_buffer.prioritized.checkpoint import RANGES
+from objectrl_buffer.prioritized.index import Backend, check_backend
+from objectrl_buffer.prioritized.priorities import Priorities
+from objectrl_buffer.replay_buffer import ReplayBuffer
 from objectrl_buffer.sampling.nstep import check_n_step
-from objectrl_buffer.sampling.uniform import window_ranges
 
 __all__ = ["PrioritizedReplayBuffer", "WEIGHT_KEY"]
-
-#: Key of the importance weights in a prioritized sample (float32, ``[batch_size]``).
-WEIGHT_KEY = "weight"
-
-_RANGES = {"alpha": (0.0, math.inf), "beta": (0.0, 1.0), "eps": (0.0, math.inf)}  # name: (low, high)
-
-
-def _real(value: object, name: str, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise InvalidArgumentError(f"{name} must be a number in [{low}, {high}], got {value!r}")
-    return float(value)
-
-
-def _shape_of(value: Any) -> tuple[int, ...]:
-    if isinstance(value, torch.Tensor):
-        return tuple(value.shape)
-    return tuple(np.shape(value))
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
@@ -71,23 +53,24 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     Args:
         device, storing_device, buffer_size, print_gc_warning: as :class:`ReplayBuffer`.
-        alpha: how strongly priorities shape sampling (>= 0; 0 is uniform). Settable; a change
+        alpha: how strongly priorities shape sampling (>= 0, finite; 0 is uniform). Settable; a change
             re-weights all rows in ``O(buffer_size)``.
         beta: importance-weight exponent in ``[0, 1]`` (0: all weights 1, 1: full correction).
             Settable, to anneal it towards 1 during training.
-        eps: added to every priority (>= 0), so a zero TD error keeps a row drawable.
-        backend: ``"auto"`` (torchrl's ``PrioritizedSampler`` when its compiled extension loads
-            for the storing device, else ours), ``"torchrl"`` or ``"torch"`` (our sum tree).
-        **kwargs: the keyword arguments of :class:`ReplayBuffer` (``seed``, ``shuffle``,
-            ``storage_dir``, ``transition_keys``).
+        eps: added to every priority (>= 0, finite), so a zero TD error keeps a row drawable.
+        backend: ``"auto"`` (torchrl's ``PrioritizedSampler`` when its compiled extension loads for the
+            storing device, else ours), ``"torchrl"`` or ``"torch"`` (our sum tree).
+        **kwargs: the keyword arguments of :class:`ReplayBuffer`.
 
-    Priorities live on the storing device as float64 ``[buffer_size]``. Sampling costs
-    ``O(k log N)``, an update of ``k`` priorities the same.
+    Priorities live on the storing device as float64 ``[buffer_size]``. Sampling costs ``O(k log N)``,
+    an update of ``k`` priorities the same.
 
     Raises:
-        InvalidArgumentError: ``alpha < 0``, ``beta`` outside ``[0, 1]``, ``eps < 0`` (or not finite),
-            an unknown ``backend``, or ``"torchrl"`` where it does not load.
+        InvalidArgumentError: a setting out of range, an unknown ``backend``, or ``"torchrl"`` where it
+            does not load.
     """
+
+    extra_state_types = (Priorities,)
 
     def __init__(
         self,
@@ -102,95 +85,70 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         backend: Backend = "auto",
         **kwargs: Any,
     ) -> None:
-        alpha = _real(alpha, "alpha", *_RANGES["alpha"])
-        beta = _real(beta, "beta", *_RANGES["beta"])
-        eps = _real(eps, "eps", *_RANGES["eps"])
-        if alpha == math.inf or eps == math.inf:
-            raise InvalidArgumentError(f"alpha and eps must be finite, got alpha={alpha}, eps={eps}")
+        alpha = real_in(alpha, "alpha", *RANGES["alpha"], finite=True)
+        beta = real_in(beta, "beta", *RANGES["beta"])
+        eps = real_in(eps, "eps", *RANGES["eps"], finite=True)
         check_backend(backend, torch.device(storing_device))
-        self._alpha, self._beta, self._eps, self._backend = alpha, beta, eps, backend
         super().__init__(device, storing_device, buffer_size, print_gc_warning, **kwargs)
-        self._index: PriorityIndex
-        self._priority: torch.Tensor
-        self._max_priority: torch.Tensor
-        try:  # new rows start at priority 1.0: their weights must fit before any update does
-            self._check_weight_fits(torch.ones((), dtype=torch.float64), "the first rows' priority")
-        except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"eps={eps} with alpha={alpha} is too large: {exc}") from None
-        self._clear_priorities()
+        self._priorities = Priorities(self._engine, alpha, beta, eps, backend)
+        self.checkpoint_extras.append(self._priorities)
 
     # ------------------------------------------------------------------ settings
     @property
     def alpha(self) -> float:
-        """Priority exponent (>= 0). Setting it re-weights every row (``O(buffer_size)``)."""
-        return self._alpha
+        """Priority exponent (>= 0). Setting it re-weights every row (``O(buffer_size)``); refused, changing
+        nothing, when the largest priority given cannot take it."""
+        return self._priorities.alpha
 
     @alpha.setter
     def alpha(self, value: float) -> None:
-        """Raises InvalidArgumentError, changing nothing, for an alpha the largest priority given cannot take."""
-        alpha = _real(value, "alpha", *_RANGES["alpha"])
-        if alpha == math.inf:
-            raise InvalidArgumentError("alpha must be finite")
-        try:
-            self._check_weight_fits(self._max_priority, "max_priority", alpha)
-        except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"alpha={alpha} does not fit the priorities given: {exc}") from None
-        self._alpha = alpha
-        self._index = make_priority_index(self._backend, self.buffer_size, self.storing_device, alpha, self._eps)
-        self._index.rebuild(self._priority, self.data_size)
+        self._priorities.set_alpha(real_in(value, "alpha", *RANGES["alpha"], finite=True))
 
     @property
     def beta(self) -> float:
         """Importance-weight exponent in ``[0, 1]``; set it to anneal."""
-        return self._beta
+        return self._priorities.beta
 
     @beta.setter
     def beta(self, value: float) -> None:
-        self._beta = _real(value, "beta", *_RANGES["beta"])
+        self._priorities.beta = real_in(value, "beta", *RANGES["beta"])
 
     @property
     def eps(self) -> float:
         """Added to every priority before the exponent."""
-        return self._eps
+        return self._priorities.eps
 
     @property
     def backend(self) -> str:
         """Which index draws the slots: ``"torchrl"`` or ``"torch"``."""
-        return self._index.name
+        return self._priorities.index.name
 
     @property
     def max_priority(self) -> float:
         """The priority new rows get: the largest given since the last reset, 1.0 before any."""
-        return float(self._max_priority)
+        return float(self._priorities.max_priority)
 
     def __repr__(self) -> str:
-        return f"{super().__repr__()[:-1]}, alpha={self._alpha}, beta={self._beta}, backend={self.backend!r})"
+        return f"{super().__repr__()[:-1]}, alpha={self.alpha}, beta={self.beta}, backend={self.backend!r})"
 
     # ------------------------------------------------------------------ priorities
-    def _clear_priorities(self) -> None:
-        self._priority = torch.zeros(self.buffer_size, dtype=torch.float64, device=self.storing_device)
-        self._max_priority = torch.ones((), dtype=torch.float64, device=self.storing_device)
-        self._index = make_priority_index(self._backend, self.buffer_size, self.storing_device, self._alpha, self._eps)
-
     def update_priority(self, index: Slots, priority: torch.Tensor | Any) -> None:
         """Set the priorities of the rows at slots ``index`` (e.g. a batch's ``"index"``).
 
         Args:
-            index: slots (int, list, range or int tensor), each ``0 <= slot < len(buffer)``; integers
-                only (floats, bools and complex numbers are refused, not truncated).
-            priority: one value per slot, of the same shape as ``index`` (size-1 dimensions aside,
-                so a ``[k, 1]`` column of TD errors fits a ``[k]`` index); finite and >= 0. A tensor
-                on any device, a NumPy array, a list or a number. Not differentiated through.
+            index: slots (int, list, range or int tensor), each ``0 <= slot < len(buffer)``; integers only.
+            priority: one value per slot, of the same shape as ``index`` (size-1 dimensions aside, so a
+                ``[k, 1]`` column of TD errors fits a ``[k]`` index); finite and >= 0. A tensor on any
+                device, a NumPy array, a list or a number. Not differentiated through.
 
         A slot given twice takes the last value. Raises before changing anything:
 
         Raises:
-            InvalidArgumentError: shapes differ, ``index`` is not integers, or a priority is negative,
-                NaN, infinite, or so large that ``(p + eps) ** alpha * buffer_size`` is not finite
-                (then the sum of the sampling weights could overflow).
+            InvalidArgumentError: shapes differ, ``index`` is not integers, or a priority is negative, NaN,
+                infinite, or so large that ``(p + eps) ** alpha * buffer_size`` is not finite.
             SlotIndexError: a slot is out of range.
         """
-        slots = self._as_slots(index, "index")
+        slots = self._engine.slots(index, "index")
         if isinstance(priority, torch.Tensor):
             values = priority.detach()
         else:
@@ -198,10 +156,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 values = torch.as_tensor(priority, dtype=torch.float64)
             except (TypeError, ValueError, RuntimeError) as exc:
                 raise InvalidArgumentError(f"priority must be numbers or a tensor: {exc}") from None
-        index_shape, priority_shape = _shape_of(index), tuple(values.shape)
-        if [d for d in index_shape if d != 1] != [d for d in priority_shape if d != 1]:
+        index_shape = tuple(index.shape) if isinstance(index, torch.Tensor) else tuple(np.shape(index))
+        if [d for d in index_shape if d != 1] != [d for d in values.shape if d != 1]:
             raise InvalidArgumentError(
-                f"index has shape {list(index_shape)} but priority has shape {list(priority_shape)}: "
+                f"index has shape {list(index_shape)} but priority has shape {list(values.shape)}: "
                 "give one priority per index"
             )
         if values.is_complex():
@@ -213,58 +171,24 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise InvalidArgumentError(
                 f"priorities must be finite and >= 0, got {float(values[at])} for slot {int(slots[at])}"
             )
-        if slots.numel() == 0:
-            return
-        self._check_weight_fits(values.max(), "priority")
-        if slots.numel() > 1:  # keep the last value of each repeated slot
-            order = torch.sort(slots, stable=True).indices
-            ordered = slots[order]
-            last = torch.ones_like(ordered, dtype=torch.bool)
-            last[:-1] = ordered[1:] != ordered[:-1]
-            keep = order[last]
-            slots, values = slots[keep], values[keep]
-        self._priority[slots] = values
-        self._index.set(slots, values)
-        self._max_priority = torch.maximum(self._max_priority, values.max())
-
-    def _check_weight_fits(self, priority: torch.Tensor, name: str, alpha: float | None = None) -> None:
-        """Raise if ``buffer_size`` rows of raw ``priority`` (0-d) would weigh an infinite total.
-
-        Every live weight is at most that of :attr:`max_priority` (new rows take it), so when this
-        holds for each priority ever accepted, no weight, tree sum or importance weight overflows.
-
-        Raises:
-            InvalidArgumentError: naming ``name``, the value and ``alpha``.
-        """
-        alpha = self._alpha if alpha is None else alpha
-        total = (priority.to(torch.float64) + self._eps).pow(alpha) * self.buffer_size
-        if not bool(total.isfinite()):
-            raise InvalidArgumentError(
-                f"{name} {float(priority)} is too large for alpha={alpha}, eps={self._eps}: "
-                f"(p + eps) ** alpha * buffer_size ({self.buffer_size}) must be finite, so that the sum of "
-                "the sampling weights cannot overflow"
-            )
-
-    def _may_weigh_zero(self) -> bool:
-        """Whether a live row can have sampling weight 0: ``eps == 0``, or ``eps ** alpha`` underflows."""
-        return self._eps**self._alpha < sys.float_info.min
+        self._priorities.update(slots, values)
 
     def priorities(self) -> torch.Tensor:
         """A copy of the raw priorities of the live slots, ``[len(buffer)]`` float64, slot order."""
-        return self._priority[: self.data_size].clone()
+        return self._priorities.priority[: self.data_size].clone()
 
     def priority_state(self) -> dict[str, torch.Tensor]:
-        """Priority state for a checkpoint, as CPU tensors: ``priority`` (float64 ``[buffer_size]``,
-        raw, slot order; 0 on empty slots) and ``max_priority`` (float64, 0-d).
-        """
-        return {"priority": self._priority.cpu().clone(), "max_priority": self._max_priority.cpu().clone()}
+        """Priority state as CPU tensors: ``priority`` (float64 ``[buffer_size]``, raw, slot order; 0 on
+        empty slots) and ``max_priority`` (float64, 0-d)."""
+        own = self._priorities
+        return {"priority": own.priority.cpu().clone(), "max_priority": own.max_priority.cpu().clone()}
 
     def load_priority_state(self, state: dict[str, torch.Tensor]) -> None:
         """Restore :meth:`priority_state` output (after the rows and ring state were restored).
 
         Raises:
-            InvalidArgumentError: a key is missing, the shape does not match ``buffer_size``, or a
-                value is negative or not finite (nothing is changed).
+            InvalidArgumentError: a key is missing, the shape does not match ``buffer_size``, or a value is
+                negative, not finite or too large for ``alpha`` (nothing is changed).
         """
         try:
             priority = torch.as_tensor(state["priority"]).to(self.storing_device, torch.float64)
@@ -279,115 +203,33 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         both = torch.cat([priority, max_priority.reshape(1)])
         if not bool(((both >= 0) & (both < math.inf)).all()):
             raise InvalidArgumentError("priority state holds negative or non-finite values")
-        self._check_weight_fits(both.max(), "priority state's largest priority")
-        self._priority = priority.clone()
-        self._max_priority = max_priority.reshape(()).clone()
-        self._index.rebuild(self._priority, self.data_size)
-
-    def _give_new_rows_max_priority(self, slots: torch.Tensor) -> None:
-        values = self._max_priority.expand(slots.shape)
-        self._priority[slots] = values
-        self._index.set(slots, values)
+        own = self._priorities
+        own.check_fits(both.max(), "priority state's largest priority")
+        own.priority = priority.clone()
+        own.max_priority = max_priority.reshape(()).clone()
+        own.rebuild()
 
     # ------------------------------------------------------------------ writes and lifecycle
     def add(self, transition: Transition) -> None:
         """As :meth:`ReplayBuffer.add`; the new row (each env's, with ``num_envs > 1``) gets :attr:`max_priority`."""
-        if self.num_envs > 1:
-            start, kept = self._add_env_step(transition)
-            self._give_new_rows_max_priority(torch.arange(start, start + kept, device=self.storing_device))
-            return
-        slot = self.pointer
-        super().add(transition)
-        self._priority[slot] = self._max_priority
-        self._index.set_one(slot, self._max_priority)
+        start = self.pointer
+        self._engine.add(transition)
+        self._priorities.new_rows(start, self.num_envs)
 
     def add_batch(self, batch: Transition) -> None:
         """As :meth:`ReplayBuffer.add_batch`; every row written gets :attr:`max_priority`."""
-        start, kept = self._add_batch(batch)
-        if kept:
-            slots = torch.arange(start, start + kept, device=self.storing_device) % self.buffer_size
-            self._give_new_rows_max_priority(slots)
+        start, kept = self._engine.add_batch(batch)
+        self._priorities.new_rows(start, kept)
 
     def reset(self, buffer_size: int | None = None) -> None:
         """As :meth:`ReplayBuffer.reset`; priorities are cleared and :attr:`max_priority` is 1.0 again."""
         super().reset(buffer_size)
-        self._clear_priorities()
+        self._priorities.clear()
 
     def close(self) -> None:
         """As :meth:`ReplayBuffer.close`; the priorities and their index are freed too."""
         super().close()
-        self._priority = torch.zeros(0, dtype=torch.float64, device=self.storing_device)
-        self._index = make_priority_index(self._backend, 1, self.storing_device, self._alpha, self._eps)
-
-    def load(self, path: str | os.PathLike[str], *, verify: bool = True, progress: bool | None = None) -> None:
-        """As :meth:`ReplayBuffer.load`, priorities included: a full checkpoint of a prioritized buffer
-        restores every row's priority and :attr:`max_priority` (this buffer keeps its ``alpha``, ``beta``
-        and ``eps``); a checkpoint without priorities gives every live row priority 1.0.
-
-        Raises:
-            CheckpointNotFoundError, CheckpointError: as :meth:`ReplayBuffer.load`, also for saved
-                priorities that are damaged (checksum) or invalid (negative, not finite, wrong shape);
-                the buffer, priorities included, is then unchanged.
-        """
-        super().load(path, verify=verify, progress=progress)
-
-    # ------------------------------------------------------------------ copies
-    def __getstate__(self) -> dict[str, Any]:
-        """As :meth:`ReplayBuffer.__getstate__`, with the raw priorities, :attr:`max_priority`,
-        ``alpha``/``beta``/``eps`` and the backend; the index is rebuilt from the priorities."""
-        state = super().__getstate__()
-        del state["_index"]  # torchrl's compiled trees do not pickle; rebuilt exactly from the priorities
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        capacity = self._priority.numel()  # 0 after close()
-        self._index = make_priority_index(self._backend, max(capacity, 1), self.storing_device, self._alpha, self._eps)
-        if capacity:
-            self._index.rebuild(self._priority, self.data_size)
-
-    # ------------------------------------------------------------------ checkpoint hooks
-    @classmethod
-    def _checkpoint_kwargs(cls, ckpt: Checkpoint, given: dict[str, Any]) -> dict[str, Any]:
-        """``given``, plus the saved ``alpha``/``beta``/``eps`` not in it, for :meth:`from_checkpoint`.
-
-        Raises:
-            CheckpointError: a saved setting that is used is out of range (naming the manifest).
-        """
-        kwargs = super()._checkpoint_kwargs(ckpt, given)
-        saved, where = saved_settings(ckpt)
-        for name, value in saved.items():
-            if name not in given:
-                try:
-                    kwargs[name] = _real(value, name, *_RANGES[name])
-                except InvalidArgumentError as exc:
-                    raise CheckpointError(f"'{where}' holds a bad saved setting: {exc}") from None
-        return kwargs
-
-    def _checkpoint_state(self) -> BufferState:
-        state = super()._checkpoint_state()
-        settings = {"alpha": self._alpha, "beta": self._beta, "eps": self._eps}
-        arrays, values = priority_extras(self._priority[: self.data_size], self.max_priority, settings)
-        return dataclasses.replace(
-            state, extra_arrays={**state.extra_arrays, **arrays}, extra_values={**state.extra_values, **values}
-        )
-
-    def _check_checkpoint(self, restored: Restored) -> None:
-        super()._check_checkpoint(restored)
-        saved_priorities(restored)
-
-    def _restore_checkpoint(self, restored: Restored) -> None:
-        saved = saved_priorities(restored)  # checked by _check_checkpoint: cannot raise here
-        super()._restore_checkpoint(restored)
-        self._clear_priorities()  # sized for the restored capacity
-        if saved is None:  # no saved priorities: every live row starts at max_priority (1.0)
-            if self.data_size:
-                self._give_new_rows_max_priority(torch.arange(self.data_size, device=self.storing_device))
-            return
-        priority, max_priority = saved
-        self._priority[: self.data_size] = priority.to(self.storing_device)
-        self._max_priority.fill_(max_priority)
-        self._index.rebuild(self._priority, self.data_size)
+        self._priorities.free()
 
     # ------------------------------------------------------------------ sampling
     def sample_batch(
@@ -397,53 +239,30 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
         Args:
             batch_size: rows to draw (> 0).
-            n_step, gamma: n-step targets, as :meth:`ReplayBuffer.sample_batch` (``discount`` whenever
-                ``n_step`` is given, 1 included).
-            recent: draw only from the newest ``N = min(recent, len)`` rows, with ``P(i)`` (and so the
-                weights) renormalised over them: ``(p_i + eps)^alpha / sum_{j in window} (p_j + eps)^alpha``.
-                ``O(k log N)`` with our tree; ``O(N)`` per call with torchrl's sampler, which cannot
-                restrict its draws.
+            n_step, gamma: n-step targets, as :meth:`ReplayBuffer.sample_batch`.
+            recent: draw only from the newest ``N = min(recent, len)`` rows, ``P(i)`` (and so the weights)
+                renormalised over them. ``O(k log N)`` with our tree; ``O(N)`` per call with torchrl's
+                sampler, which cannot restrict its draws.
 
         Returns:
-            TensorDict of batch size ``[batch_size]`` on ``device`` with the stored keys, ``"index"``
-            (slots, for :meth:`update_priority`) and ``"weight"``: float32 importance weights
+            TensorDict of batch size ``[batch_size]`` on ``device`` with the stored keys, ``"index"`` (slots,
+            for :meth:`update_priority`) and ``"weight"``: float32 importance weights
             ``(P(i) / min_batch P)^-beta``, at most 1.
 
         Raises:
-            EmptyBufferError: no rows, or every row that may be drawn has weight 0 (``eps == 0``).
+            EmptyBufferError: no rows, or every row that may be drawn has weight 0.
             InvalidArgumentError: a bad ``batch_size``, ``n_step``, ``gamma`` or ``recent``.
         """
-        k = _positive_int(batch_size, "batch_size")
-        window = None if recent is None else whole_steps(_positive_int(recent, "recent"), self.num_envs)
+        k = positive_int(batch_size, "batch_size")
+        window = self._window(recent)
         n, g = (None, 0.0) if n_step is None else check_n_step(n_step, gamma)
-        self._require_rows()
-        held = self._held  # rows that hold data: all of them but after a metadata-only load
-        if (window is None or window >= held) and not self._phantom:
-            if self._may_weigh_zero() and not self._index.total() > 0:  # total() syncs: check only if needed
-                raise EmptyBufferError(
-                    "every stored row has priority 0 (sampling weight (p + eps) ** alpha == 0): no row can be drawn"
-                )
-            slots = self._index.draw(k, self.data_size, self.generator)
-        else:  # the newest rows: a window, or those that hold data
-            window = held if window is None else min(window, held)
-            ranges = window_ranges(self.pointer, held, self.buffer_size, window)
-            if self._may_weigh_zero() and not self._index.window_total(ranges, self._priority) > 0:
-                raise EmptyBufferError(
-                    f"every one of the newest {window} rows has priority 0 (sampling weight (p + eps) ** alpha "
-                    "== 0): no row can be drawn"
-                )
-            slots = self._index.draw_window(k, ranges, self._priority, self.generator)
-        batch = self._read_transitions(slots, n, g)
-        batch.set(WEIGHT_KEY, self._to_device(self.importance_weights(slots)))
+        engine = self._engine
+        engine.require_rows()
+        slots = self._priorities.draw(k, window, self.generator)
+        batch = engine.read_transitions(slots, n, g, self.transition_keys)
+        batch.set(WEIGHT_KEY, engine.to_device(self._priorities.weights(slots)))
         return batch
 
     def importance_weights(self, slots: torch.Tensor) -> torch.Tensor:
-        """``(P(i) / min_j P(j))^-beta`` over the given slots (float32, on the storing device).
-
-        Computed in logs, so a ratio of weights beyond float64's range still gives the right value
-        (not 0 or NaN). Slots must be drawable (weight > 0) unless ``alpha`` or ``beta`` is 0.
-        """
-        if self._alpha == 0 or self._beta == 0:
-            return torch.ones(slots.shape, dtype=torch.float32, device=slots.device)
-        log_weight = (self._priority.index_select(0, slots) + self._eps).log_().mul_(self._alpha)
-        return (log_weight - log_weight.min()).mul_(-self._beta).exp_().to(torch.float32)
+        """``(P(i) / min_j P(j))^-beta`` over the given slots (float32, on the storing device)."""
+        return self._priorities.weights(slots)

@@ -1,7 +1,9 @@
 """What a PrioritizedReplayBuffer keeps in a full checkpoint, and how that is checked on the way back.
 
 ``save(path, data=True)`` of a :class:`~objectrl_buffer.PrioritizedReplayBuffer` adds to the data
-folder (as the manifest's ``extras``, see :mod:`objectrl_buffer.checkpoint.manifest`):
+folder (as the manifest's ``extras``, through the extra-state contract of
+:mod:`objectrl_buffer.checkpoint.extras`; :class:`~objectrl_buffer.prioritized.priorities.Priorities`
+is the buffer's extra state named ``prioritized``):
 
 * the extra array ``prioritized.priority``: the raw priorities of the live slots, float64
   ``[data_size]`` in slot order, a raw file with a crc32 like the columns;
@@ -27,61 +29,71 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
-from objectrl_buffer.checkpoint.generations import Checkpoint, Restored
 from objectrl_buffer.checkpoint.manifest import MANIFEST, ExtraValue, extra_file_name
-from objectrl_buffer.errors import CheckpointError
+from objectrl_buffer.core.validate import real_in
+from objectrl_buffer.errors import CheckpointError, InvalidArgumentError
 
-__all__ = ["PRIORITY", "MAX_PRIORITY", "SETTINGS", "priority_extras", "saved_priorities", "saved_settings"]
+__all__ = ["NAME", "SETTINGS", "RANGES", "priority_extras", "saved_priorities", "saved_settings"]
 
-PRIORITY = "prioritized.priority"
-MAX_PRIORITY = "prioritized.max_priority"
+#: The extra state's name: its entries are ``prioritized.<key>``.
+NAME = "prioritized"
 #: The hyper-parameters saved beside the priorities (as ``prioritized.<name>``).
 SETTINGS = ("alpha", "beta", "eps")
+#: Allowed range of each setting: ``(low, high)``.
+RANGES = {"alpha": (0.0, math.inf), "beta": (0.0, 1.0), "eps": (0.0, math.inf)}
 
 
 def priority_extras(
-    priority: torch.Tensor, max_priority: float, settings: dict[str, float]
+    priority: torch.Tensor, max_priority: float, settings: Mapping[str, float]
 ) -> tuple[dict[str, torch.Tensor], dict[str, ExtraValue]]:
-    """The extra arrays and values of a checkpoint: ``priority`` float64 ``[data_size]`` (live slots,
-    any device), ``max_priority`` and ``settings`` (``alpha``/``beta``/``eps``)."""
-    values: dict[str, ExtraValue] = {MAX_PRIORITY: max_priority}
-    values.update({f"prioritized.{name}": settings[name] for name in SETTINGS})
-    return {PRIORITY: priority}, values
+    """The extra arrays and values (keys without the ``prioritized.`` prefix): ``priority`` float64
+    ``[data_size]`` (live slots, any device), ``max_priority`` and ``settings`` (``alpha``/``beta``/``eps``)."""
+    values: dict[str, ExtraValue] = {"max_priority": max_priority}
+    values.update({name: settings[name] for name in SETTINGS})
+    return {"priority": priority}, values
 
 
-def saved_priorities(restored: Restored) -> tuple[torch.Tensor, float] | None:
-    """The checkpoint's priorities (float64 ``[data_size]``, CPU) and max priority, validated;
-    ``None`` when it holds none.
+def saved_priorities(
+    arrays: Mapping[str, torch.Tensor], values: Mapping[str, ExtraValue], rows: int, source: str
+) -> tuple[torch.Tensor, float] | None:
+    """The saved priorities (float64 ``[rows]``, CPU) and max priority, validated; ``None`` when there are none.
 
     Raises:
         CheckpointError: naming the file, when they are of the wrong shape or dtype, negative or not
             finite, or the max priority is missing or not a number >= 0.
     """
-    priority = restored.extra_arrays.get(PRIORITY)
+    priority = arrays.get("priority")
     if priority is None:
         return None
-    where = os.path.join(restored.source, extra_file_name(PRIORITY))
-    if priority.dtype != torch.float64 or priority.shape != (restored.data_size,):
-        raise CheckpointError(
-            f"'{where}' holds {priority.dtype} {list(priority.shape)}, expected float64 [{restored.data_size}]"
-        )
+    where = os.path.join(source, extra_file_name(f"{NAME}.priority"))
+    if priority.dtype != torch.float64 or priority.shape != (rows,):
+        raise CheckpointError(f"'{where}' holds {priority.dtype} {list(priority.shape)}, expected float64 [{rows}]")
     if not bool(((priority >= 0) & (priority < math.inf)).all()):
         raise CheckpointError(f"'{where}' holds negative or non-finite priorities: the checkpoint is damaged")
-    max_priority = restored.extra_values.get(MAX_PRIORITY)
-    if isinstance(max_priority, bool) or not isinstance(max_priority, (int, float)) or not max_priority >= 0:
-        manifest = os.path.join(restored.source, MANIFEST)
-        raise CheckpointError(f"'{manifest}' holds a bad {MAX_PRIORITY} {max_priority!r}, expected a number >= 0")
+    max_priority = values.get("max_priority")
+    if isinstance(max_priority, bool) or not isinstance(max_priority, (int, float)) or not 0 <= max_priority < math.inf:
+        manifest = os.path.join(source, MANIFEST)
+        raise CheckpointError(f"'{manifest}' holds a bad {NAME}.max_priority {max_priority!r}, expected a number >= 0")
     return priority, float(max_priority)
 
 
-def saved_settings(ckpt: Checkpoint) -> tuple[dict[str, ExtraValue], str]:
-    """The saved ``alpha``/``beta``/``eps`` found in the checkpoint (not range-checked: the buffer does
-    that), and the manifest file that holds them (for errors). Empty for a checkpoint without them."""
-    if ckpt.manifest is None or ckpt.data_folder is None:
-        return {}, ckpt.metadata_file
-    values = ckpt.manifest.extra_values
-    found = {name: values[f"prioritized.{name}"] for name in SETTINGS if f"prioritized.{name}" in values}
-    return found, os.path.join(ckpt.data_folder, MANIFEST)
+def saved_settings(values: Mapping[str, ExtraValue], folder: str | None) -> dict[str, Any]:
+    """The saved ``alpha``/``beta``/``eps`` found among ``values`` (checked against :data:`RANGES`).
+
+    Raises:
+        CheckpointError: a saved setting is out of range (naming the manifest).
+    """
+    found = {}
+    for name in SETTINGS:
+        if name in values:
+            try:
+                found[name] = real_in(values[name], name, *RANGES[name], finite=name != "beta")
+            except InvalidArgumentError as exc:
+                where = os.path.join(folder or "", MANIFEST)
+                raise CheckpointError(f"'{where}' holds a bad saved setting: {exc}") from None
+    return found

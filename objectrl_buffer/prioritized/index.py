@@ -26,6 +26,7 @@ import torch
 
 from objectrl_buffer.errors import InvalidArgumentError
 from objectrl_buffer.sampling.sum_tree import SumTree
+from objectrl_buffer.storage import torchrl_compat
 
 __all__ = [
     "Backend",
@@ -33,6 +34,7 @@ __all__ = [
     "TreeIndex",
     "TorchRLIndex",
     "torchrl_per_available",
+    "forget_probes",
     "check_backend",
     "make_priority_index",
 ]
@@ -40,6 +42,11 @@ __all__ = [
 Backend: TypeAlias = Literal["auto", "torchrl", "torch"]
 
 _PROBED: dict[str, bool] = {}
+
+
+def forget_probes() -> None:
+    """Forget what :func:`torchrl_per_available` found (it probes again on the next call)."""
+    _PROBED.clear()
 
 
 def torchrl_per_available(device: torch.device | str = "cpu") -> bool:
@@ -199,22 +206,18 @@ class TorchRLIndex(PriorityIndex):
             self.set(torch.arange(size, device=priority.device), priority[:size])
 
     def total(self) -> float:
-        tree = self.sampler._sum_tree
-        if self.sampler.device.type == "cuda":  # the CUDA trees take tensor bounds
-            bounds = torch.tensor([0, self.capacity], device=self.sampler.device)
-            return float(tree.query(bounds[0], bounds[1]))
-        return float(tree.query(0, self.capacity))
+        return torchrl_compat.sampler_total(self.sampler, self.capacity)
 
     def draw(self, k: int, size: int, generator: torch.Generator) -> torch.Tensor:
         sampler = self.sampler
         tree_device = sampler.device
         if tree_device == generator.device:
-            sampler._rng = generator
+            torchrl_compat.set_sampler_generator(sampler, generator)
         else:
             if self._own_generator is None:
                 seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
                 self._own_generator = torch.Generator(device=tree_device).manual_seed(seed)
-            sampler._rng = self._own_generator
+            torchrl_compat.set_sampler_generator(sampler, self._own_generator)
         slots, _ = sampler.sample(_LiveRows(size, tree_device), k)
         return torch.as_tensor(slots, dtype=torch.int64).to(self.device)
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import torch
 
+from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import Key
 from objectrl_buffer.errors import InvalidArgumentError
 from objectrl_buffer.sampling.slices import TransitionKeys, episode_ends, require_keys
@@ -41,9 +42,7 @@ def check_n_step(n_step: object, gamma: object) -> tuple[int, float]:
 def n_step_targets(
     columns: Mapping[Key, torch.Tensor],
     slots: torch.Tensor,
-    pointer: int,
-    size: int,
-    capacity: int,
+    ring: Ring,
     n_step: int,
     gamma: float,
     keys: TransitionKeys,
@@ -54,11 +53,11 @@ def n_step_targets(
     Args:
         columns: the stored columns, each ``[capacity, *row_shape]``.
         slots: the sampled transitions (live slots).
-        pointer, size, capacity: the ring state (``pointer`` is the next slot written).
+        ring: the ring state; only its rows that hold data (``ring.held``, the newest) are read.
         n_step: the most rewards summed (>= 1). gamma: the discount.
         keys: which keys hold reward, next_state, terminated, truncated; where discount goes.
-        stride: slots between two consecutive rows of one env (``num_envs``; divides ``capacity``,
-            ``pointer`` and ``size``).
+        stride: slots between two consecutive rows of one env (``num_envs``; divides the ring's
+            capacity, pointer and rows held).
 
     Returns:
         On the columns' device, batch dimension ``k = len(slots)``:
@@ -74,10 +73,9 @@ def n_step_targets(
     device = slots.device
     k = slots.numel()
     offsets = torch.arange(n_step, device=device)
-    window = (slots.unsqueeze(1) + offsets * stride).remainder_(capacity)  # [k, n]
+    window = ring.forward(slots.unsqueeze(1), offsets * stride)  # [k, n]
     # Rows of the env from each slot to its newest one (inclusive): the write head is never crossed.
-    oldest = (pointer - size) % capacity
-    available = (size - (slots - oldest).remainder_(capacity) + stride - 1) // stride  # [k], >= 1
+    available = (ring.held - ring.positions(slots) + stride - 1) // stride  # [k], >= 1
     ends = episode_ends(columns, window, ends_keys).long()  # [k, n]
     ended_before = ends.cumsum(1) - ends  # episode ends among the earlier rows of the window
     used = (ended_before == 0) & (offsets < available.unsqueeze(1))  # a prefix of each row, >= 1 long

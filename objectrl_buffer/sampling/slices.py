@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
+from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import Key, format_key
 from objectrl_buffer.errors import EmptyBufferError, SchemaError
 
@@ -92,20 +93,24 @@ class StoredRows:
     Attributes:
         columns: the stored columns (``[capacity, *row_shape]`` each).
         end_keys: the keys whose non-zero value ends an episode.
-        pointer, size, capacity: the ring state (``pointer`` is the next slot written).
-        stride: positions between two consecutive rows of one env (``num_envs``; divides the others).
+        ring: the ring state; its rows that hold data (``ring.held``, the newest) are the stored rows.
+        stride: positions between two consecutive rows of one env (``num_envs``; divides the ring's
+            capacity, pointer and rows held).
     """
 
     columns: Mapping[Key, torch.Tensor]
     end_keys: tuple[Key, ...]
-    pointer: int
-    size: int
-    capacity: int
+    ring: Ring
     stride: int = 1
+
+    @property
+    def size(self) -> int:
+        """Rows stored (that hold data)."""
+        return self.ring.held
 
     def slots(self, positions: torch.Tensor) -> torch.Tensor:
         """The slot of each position (any shape, int64)."""
-        return (positions + (self.pointer - self.size) % self.capacity).remainder_(self.capacity)
+        return self.ring.slots(positions)
 
     def ends(self, positions: torch.Tensor) -> torch.Tensor:
         """Whether the row at each position (any shape, each ``< size``) ends an episode: bool."""

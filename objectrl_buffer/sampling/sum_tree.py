@@ -145,7 +145,7 @@ class SumTree:
             node = (node << shift) + choice.squeeze(1)
         return node
 
-    def _cover(self, ranges: Sequence[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def cover(self, ranges: Sequence[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The fewest nodes whose leaves are exactly the slots of ``ranges``, in slot order within each
         range and the ranges in the order given: ``(level, node, cumulative mass)``, each ``[c]``.
 
@@ -175,7 +175,7 @@ class SumTree:
 
     def total_in(self, ranges: Sequence[tuple[int, int]]) -> torch.Tensor:
         """Sum of the weights of the slots in ``ranges`` (disjoint ``[start, stop)``), a 0-d tensor."""
-        return self._cover(ranges)[2][-1]
+        return self.cover(ranges)[2][-1]
 
     def find_in(self, mass: torch.Tensor, ranges: Sequence[tuple[int, int]]) -> torch.Tensor:
         """As :meth:`find`, over the slots of ``ranges`` only (disjoint, non-empty ``[start, stop)``),
@@ -184,7 +184,7 @@ class SumTree:
         Why not ``find(prefix(start) + mass)``: a light window after heavy slots would lose its mass
         to rounding of the large offset. Here the masses are those of the window's own nodes.
         """
-        return self._find_in(mass, *self._cover(ranges))
+        return self._find_in(mass, *self.cover(ranges))
 
     def _find_in(
         self, mass: torch.Tensor, level: torch.Tensor, node: torch.Tensor, cumulative: torch.Tensor
@@ -219,7 +219,7 @@ class SumTree:
         """``k`` slots of ``ranges`` drawn with replacement, slot ``i`` with probability
         ``w_i / total_in(ranges)``, in ``O(k B log_B N)``. Needs ``total_in(ranges) > 0``.
         """
-        level, node, cumulative = self._cover(ranges)
+        level, node, cumulative = self.cover(ranges)
         u = torch.rand(k, dtype=self.dtype, device=self.device, generator=generator)
         return self._find_in(u * cumulative[-1], level, node, cumulative)
 

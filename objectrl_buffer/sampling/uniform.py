@@ -1,25 +1,23 @@
-"""Which slots to read: small pure functions over ring state (pointer, size, capacity).
+"""Which slots to read: uniform draws, recency windows and epochs. Small pure functions of the ring.
 
-State lives in the buffer; these functions only compute index tensors from it, so each one is easy
-to test against a plain Python model of the ring.
+State lives in the buffer (a :class:`~objectrl_buffer.core.ring.Ring`); these functions only compute
+index tensors from it, so each one is easy to test against a plain Python model of the ring. Every
+one of them reads only the rows that hold data (``ring.held``, the newest rows).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 
-__all__ = [
-    "num_batches",
-    "uniform_slots",
-    "chronological_slots",
-    "epoch_slots",
-    "recent_slots",
-    "window_slots",
-    "rows_still_held",
-    "window_ranges",
-]
+from objectrl_buffer.core.ring import Ring
+from objectrl_buffer.errors import StaleIteratorError
+
+T = TypeVar("T")
+
+__all__ = ["num_batches", "uniform_slots", "epoch_slots", "recent_slots", "epoch_batches", "epochs"]
 
 
 def num_batches(n_rows: int, batch_size: int) -> int:
@@ -32,15 +30,10 @@ def uniform_slots(size: int, k: int, generator: torch.Generator) -> torch.Tensor
     return torch.randint(0, size, (k,), generator=generator, device=generator.device)
 
 
-def chronological_slots(pointer: int, size: int, capacity: int, device: torch.device) -> torch.Tensor:
-    """Slots of the ``size`` stored rows, oldest first.
-
-    Before the ring wraps (``size < capacity``) that is ``0 .. size-1``; after, the oldest row sits at
-    ``pointer`` (the next slot to be overwritten) and the newest at ``pointer - 1``.
-    """
-    start = (pointer - size) % capacity
-    slots = torch.arange(start, start + size, device=device)
-    return slots.remainder_(capacity) if start + size > capacity else slots
+def recent_slots(ring: Ring, window: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """``k`` slots drawn uniformly with replacement from the newest ``min(window, held)`` rows."""
+    back = torch.randint(0, min(window, ring.held), (k,), generator=generator, device=generator.device)
+    return ring.back(back)
 
 
 def epoch_slots(size: int, batch_size: int, shuffle: bool, generator: torch.Generator) -> Iterator[torch.Tensor]:
@@ -55,44 +48,36 @@ def epoch_slots(size: int, batch_size: int, shuffle: bool, generator: torch.Gene
         yield order[start : start + batch_size]
 
 
-def recent_slots(
-    pointer: int, size: int, capacity: int, window: int, k: int, generator: torch.Generator
-) -> torch.Tensor:
-    """``k`` slots drawn uniformly with replacement from the newest ``min(window, size)`` rows.
+def epoch_batches(
+    size: int, batch_size: int, shuffle: bool, generator: torch.Generator
+) -> Iterator[tuple[torch.Tensor, tuple[int, int] | None]]:
+    """One epoch over positions ``0 .. size-1`` as ``(positions, span)`` batches.
 
-    The newest row sits at slot ``pointer - 1``; going back ``j`` rows is slot ``pointer - 1 - j``
-    (mod ``capacity``), which stays among the stored rows for ``j < size``.
+    Shuffled: a fresh permutation (``span`` is ``None``). In order (ObjectRL's slot order): contiguous
+    ranges, with ``span = (start, stop)`` so the reader can copy a slice instead of gathering (~2x faster).
     """
-    back = torch.randint(0, min(window, size), (k,), generator=generator, device=generator.device)
-    return (pointer - 1 - back).remainder_(capacity)
+    if shuffle:
+        for positions in epoch_slots(size, batch_size, True, generator):
+            yield positions, None
+        return
+    for start in range(0, size, batch_size):
+        stop = min(start + batch_size, size)
+        yield torch.arange(start, stop), (start, stop)
 
 
-def window_slots(pointer: int, size: int, capacity: int, window: int, device: torch.device) -> torch.Tensor:
-    """Slots of the newest ``min(window, size)`` rows, oldest first."""
-    return chronological_slots(pointer, min(window, size), capacity, device)
-
-
-def rows_still_held(old_pointer: int, old_held: int, pointer: int, size: int, capacity: int) -> int:
-    """How many of the newest ``size`` rows under new counters (``pointer``) hold data that was written.
-
-    The rows written are the newest ``old_held`` under the old counters: slots ``old_pointer - old_held ..
-    old_pointer - 1``. Under the new ones the newest row is slot ``pointer - 1``; if that slot is among
-    those written, the rows from it back to the first written one hold data (at most ``size``), else none.
-    """
-    if old_held == 0 or size == 0:
-        return 0
-    behind = (old_pointer - pointer) % capacity  # written rows newer than the new newest row
-    return min(size, old_held - behind) if behind < old_held else 0
-
-
-def window_ranges(pointer: int, size: int, capacity: int, window: int) -> list[tuple[int, int]]:
-    """The newest ``min(window, size)`` rows as contiguous slot ranges ``[start, stop)``, oldest first.
-
-    One range, or two when the window runs past the end of the ring (``[start, capacity)`` then
-    ``[0, pointer)``). Needs ``size >= 1``.
-    """
-    count = min(window, size)
-    start = (pointer - count) % capacity
-    if start + count <= capacity:
-        return [(start, start + count)]
-    return [(start, capacity), (0, start + count - capacity)]
+def epochs(
+    read: Callable[[torch.Tensor, tuple[int, int] | None], T],
+    size: int,
+    batch_size: int,
+    n_epochs: int,
+    shuffle: bool,
+    generator: torch.Generator,
+    current: Callable[[], bool],
+) -> Iterator[T]:
+    """``n_epochs`` epochs of :func:`epoch_batches`, each batch read by ``read(positions, span)`` when it is
+    yielded; :class:`StaleIteratorError` once ``current()`` says the rows were dropped since."""
+    for _ in range(n_epochs):
+        for positions, span in epoch_batches(size, batch_size, shuffle, generator):
+            if not current():
+                raise StaleIteratorError("the buffer was reset after this epoch iterator was created")
+            yield read(positions, span)

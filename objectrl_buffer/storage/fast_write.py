@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
+from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import INDEX_KEY, SAME, UNCHECKED, Key, Schema, cast_rule, exact_ints
+from objectrl_buffer.storage.torchrl_compat import plain_items
 
 __all__ = ["FastWriter", "numpy_views", "WIDE_ROW_BYTES"]
 
@@ -127,13 +128,8 @@ class FastWriter:
 
     def _items(self, data: Any, batch_dims: int) -> dict[Any, Any] | None:
         """The key -> value dict of a plain input with the stored keys (and maybe "index"), else ``None``."""
-        kind = type(data)
-        if kind is dict:
-            items = data
-        elif kind is TensorDict and len(data._batch_size) == batch_dims:
-            # The TensorDict's own key -> value dict: td.items() costs ~0.5 µs per key more.
-            items = data._tensordict
-        else:
+        items = data if type(data) is dict else plain_items(data, batch_dims)
+        if items is None:
             return None
         extra = len(items) - self.n_keys  # an "index" key (a sample written back) is dropped, as on the full path
         if extra == 0 or (extra == 1 and INDEX_KEY in items):
@@ -192,8 +188,9 @@ class FastWriter:
                 array[slot] = value
         return True
 
-    def write_batch(self, data: Any, pointer: int, capacity: int) -> int:
-        """Write a batch of ``N`` rows at ``pointer, pointer+1, ...`` (mod ``capacity``); return ``N``.
+    def write_batch(self, data: Any, ring: Ring) -> int:
+        """Write a batch of ``N`` rows where ``ring.placement(N)`` puts them; return ``N`` (the caller then
+        advances the ring).
 
         Keeps only the newest ``capacity`` rows when ``N > capacity``. Returns ``-1`` (nothing written)
         when the input is not a plain batch that fits, or reaches past :attr:`limit`.
@@ -222,14 +219,14 @@ class FastWriter:
                 values.append((array, value))
         except (KeyError, RuntimeError, TypeError):
             return -1
-        kept = min(n, capacity)
-        first = n - kept
-        start = (pointer + first) % capacity
-        head = min(kept, capacity - start)
-        if (start + head if head == kept else capacity) > self.limit:
+        start, kept = ring.placement(n)
+        parts = ring.spans(start, kept)
+        if parts[0][1] > self.limit:
             return -1
+        first = n - kept
         for array, value in values:
-            self._store(array, start, value[first : first + head])
-            if head < kept:
-                self._store(array, 0, value[first + head : n])
+            for lo, hi in parts:  # one range, or two at the wrap
+                self._store(array, lo, value[first : first + hi - lo])
+                first += hi - lo
+            first = n - kept
         return n

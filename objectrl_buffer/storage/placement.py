@@ -65,7 +65,7 @@ def _cgroup_room(folder: str, limit_file: str, usage_file: str) -> int | None:
         return None
 
 
-def _cgroup_headroom() -> int | None:
+def cgroup_headroom() -> int | None:
     """Bytes this process's memory cgroup can still be charged (tmpfs pages count against it): the
     limit minus the usage (page cache included, so this errs low), the tightest of the cgroup and its
     parents, v2 or v1; ``None`` when unlimited or unknown."""
@@ -110,7 +110,7 @@ def ram_room(folder: str = SHM_DIR) -> int:
         st = os.statvfs(folder)
     except OSError:
         return 0
-    limits = [st.f_bavail * st.f_frsize, _mem_available(), _cgroup_headroom()]
+    limits = [st.f_bavail * st.f_frsize, _mem_available(), cgroup_headroom()]
     return min(limit for limit in limits if limit is not None)
 
 

@@ -49,6 +49,10 @@ class StagingRing:
         self._events: list[Any] = [None] * depth
         self._turn = 0
 
+    def buffers(self) -> list[torch.Tensor]:
+        """Every staging buffer allocated so far (for inspection: are they pinned?)."""
+        return [held[0] for stage in self._stages for held in stage.values()]
+
     def _buffer(self, stage: dict[Key, Any], key: Key, rows: int, like: np.ndarray) -> torch.Tensor:
         """Rows ``[:rows]`` of ``stage``'s buffer for ``key``, (re)allocated when too small or of another layout."""
         held = stage.get(key)

@@ -52,6 +52,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.storages import TensorStorage
 
+from objectrl_buffer.core.ring import spans
 from objectrl_buffer.core.schema import Key, Schema
 from objectrl_buffer.errors import ClosedBufferError
 from objectrl_buffer.storage import folders, placement, torchrl_compat
@@ -75,8 +76,9 @@ def _remove_folders(owned: dict[str, int]) -> None:
 def make_tensordict(values: dict[Key, torch.Tensor], batch_size: torch.Size, device: torch.device | None) -> TensorDict:
     """A TensorDict of freshly gathered tensors (all already on ``device``), without re-checking them.
 
-    ``TensorDict._new_unsafe`` skips the per-key shape/device validation of the public constructor
-    (~20 us per 256-row sample): the tensors were just produced with the right shapes and device.
+    Nested keys become nested dicts. The per-key checks of the public constructor are skipped
+    (:func:`~objectrl_buffer.storage.torchrl_compat.new_tensordict`): the tensors were just produced with
+    the right shapes and device.
     """
     source: dict[str, Any] = {}
     for key, value in values.items():
@@ -87,7 +89,7 @@ def make_tensordict(values: dict[Key, torch.Tensor], batch_size: torch.Size, dev
         for part in key[:-1]:
             node = node.setdefault(part, {})
         node[key[-1]] = value
-    return TensorDict._new_unsafe(source, batch_size=batch_size, device=device)
+    return torchrl_compat.new_tensordict(source, batch_size, device)
 
 
 class TransitionStorage:
@@ -307,8 +309,8 @@ class TransitionStorage:
             torchrl_compat.allocate(self.torchrl, example)
         finally:
             torchrl_log.setLevel(level)
-        stored = self.torchrl._storage
-        assert isinstance(stored, TensorDictBase)
+        stored = torchrl_compat.stored_tensordict(self.torchrl)
+        assert stored is not None
         return stored
 
     def release(self) -> None:
@@ -339,18 +341,7 @@ class TransitionStorage:
         self.reserved = 0
         self._lazy = False
         self._files = []
-        storage = self.torchrl
-        stored = storage._storage
-        if isinstance(stored, TensorDictBase):
-            # A locked TensorDict caches key views that point back at it: a reference cycle that keeps
-            # every memmap mapped until the next cyclic GC. Erasing the caches lets refcounting free them now.
-            for td in [stored, *(v for v in stored.values(include_nested=True) if isinstance(v, TensorDictBase))]:
-                td._erase_cache()
-        del stored
-        storage._storage = None
-        storage.initialized = False
-        storage._storage_keys = None
-        storage._len = 0
+        torchrl_compat.drop_stored(self.torchrl)  # freed now: no reference cycle left for a later GC
         if self.folder is not None and os.path.isdir(self.folder):
             for entry in os.scandir(self.folder):
                 if entry.name == folders.LOCK_NAME:
@@ -397,17 +388,16 @@ class TransitionStorage:
 
         Needs ``n <= capacity``. Contiguous slot ranges are slice assignments (one or two, at the wrap).
         """
-        cap = self.capacity
-        head = min(n, cap - start)
-        end = start + head if head == n else cap
-        if end > self.reserved:
-            self._grow(end)
+        parts = spans(start, n, self.capacity)  # one range, or two at the wrap
+        if parts[0][1] > self.reserved:
+            self._grow(parts[0][1])
         columns = self.columns
         for field, value in pairs:
             column = columns[field.key]
-            column[start : start + head] = value[first : first + head]
-            if head < n:
-                column[: n - head] = value[first + head : first + n]
+            row = first
+            for lo, hi in parts:
+                column[lo:hi] = value[row : row + hi - lo]
+                row += hi - lo
 
     def gather(self, slots: torch.Tensor, keys: list[Key] | None = None) -> dict[Key, torch.Tensor]:
         """New tensors (never views) holding ``slots`` of each key (all keys by default), on the storing device.

@@ -19,12 +19,15 @@ ALLOWED: dict[str, set[str]] = {
     "storage": {"core"},
     "sampling": {"core"},
     "checkpoint": {"core", "storage"},
-    "replay_buffer": {"core", "storage", "sampling", "checkpoint"},
-    "prioritized": {"core", "storage", "sampling", "checkpoint", "replay_buffer"},
+    "engine": {"core", "storage", "sampling", "checkpoint"},
+    "replay_buffer": {"core", "storage", "sampling", "checkpoint", "engine"},
+    "prioritized": {"core", "storage", "sampling", "checkpoint", "engine", "replay_buffer"},
     "cli": {"core", "storage", "checkpoint"},
     "__init__": {"*"},
     "__main__": {"cli"},
 }
+#: What any other folder (a room: tasks, trajectory, async_buffer, distributed, flow) may import.
+ROOM_ALLOWED = {"core", "storage", "sampling", "checkpoint", "engine", "flow"}
 #: Rooms beside the facade: none of them imports another.
 ROOMS = {"prioritized", "tasks", "trajectory", "async_buffer", "distributed", "flow"}
 LAZY_OK = {"cli"}  # the CLI may import rooms lazily inside a command (keeps `--help` fast)
@@ -68,7 +71,7 @@ def test_rooms_import_downward_only() -> None:
     problems = []
     for path in _sources():
         part = _part(path)
-        allowed = ALLOWED.get(part, {"core", "storage", "sampling", "checkpoint", "flow"} - {part})
+        allowed = ALLOWED.get(part, ROOM_ALLOWED - {part})
         for line, name, top in _imports(path):
             parts = name.split(".")
             if len(parts) < 2:
@@ -140,9 +143,27 @@ def test_only_the_adapter_touches_private_attributes_of_torchrl_and_tensordict()
             if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
                 continue
             base = node.value
-            if isinstance(base, ast.Name) and base.id in {"self", "cls", "other", "os", "sys"}:
+            if isinstance(base, ast.Name) and base.id in {"self", "cls", "other", "os", "sys", "ctypes"}:
                 continue
             if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super":
                 continue
             problems.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} .{node.attr}")
     assert not problems, "private attribute access outside storage/torchrl_compat.py:\n" + "\n".join(problems)
+
+
+def test_tests_poke_no_private_attributes() -> None:
+    """Tests use the public API (the buffer's ``engine`` included); only the adapter test reads torchrl internals."""
+    tests = Path(__file__).resolve().parents[1]
+    problems = []
+    for path in sorted(tests.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in {"self", "cls", "os", "sys", "ctypes"}:
+                continue
+            if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super":
+                continue
+            problems.append(f"{path.relative_to(tests.parent)}:{node.lineno} .{node.attr}")
+    assert not problems, "tests reaching into private attributes:\n" + "\n".join(problems)

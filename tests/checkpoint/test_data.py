@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -96,8 +95,25 @@ def test_every_dtype_and_nested_keys_round_trip_bit_exactly(tmp_path: Path) -> N
     assert_same(full_snapshot(loaded), full_snapshot(rb))
 
 
+class Extra:
+    """An extra state (the checkpoint/extras.py contract) holding fixed arrays and values under ``name``."""
+
+    def __init__(self, name: str, arrays: dict[str, torch.Tensor], values: dict[str, Any]) -> None:
+        self.name, self.arrays, self.values = name, arrays, values
+        self.restored: Any = None
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        return self.arrays, self.values
+
+    def check(self, arrays: Any, values: Any, rows: int, source: str) -> None:
+        pass
+
+    def restore(self, arrays: Any, values: Any) -> None:
+        self.restored = (dict(arrays), dict(values))
+
+
 class WithExtras(ReplayBuffer):
-    """A subclass that saves extra arrays and values, and keeps what a load hands it."""
+    """A buffer with two extra states, ``a`` and ``b``, as a room would add them (composition, no hooks)."""
 
     ARRAYS: ClassVar[dict[str, torch.Tensor]] = {
         "a.scalar": torch.tensor(2.5, dtype=torch.float64),
@@ -108,15 +124,27 @@ class WithExtras(ReplayBuffer):
     }
     VALUES: ClassVar[dict[str, Any]] = {"a.count": 3, "a.rate": 1e-300, "a.on": True, "b.name": "per", "b.neg": -7.25}
 
-    restored: Any = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in ("a", "b"):
+            arrays = {k[2:]: v for k, v in self.ARRAYS.items() if k.startswith(f"{name}.")}
+            values = {k[2:]: v for k, v in self.VALUES.items() if k.startswith(f"{name}.")}
+            self.checkpoint_extras.append(Extra(name, arrays, values))
 
-    def _checkpoint_state(self) -> Any:
-        state = super()._checkpoint_state()
-        return dataclasses.replace(state, extra_arrays=self.ARRAYS, extra_values=self.VALUES)
+    @property
+    def restored(self) -> Any:
+        """What the load handed the extras, merged back under their full names (as the manifest holds them)."""
+        got = [extra.restored for extra in self.checkpoint_extras]  # type: ignore[attr-defined]
+        if any(g is None for g in got):
+            return None
+        arrays = {f"{e.name}.{k}": v for e, g in zip(self.checkpoint_extras, got, strict=True) for k, v in g[0].items()}
+        values = {f"{e.name}.{k}": v for e, g in zip(self.checkpoint_extras, got, strict=True) for k, v in g[1].items()}
+        return _Restored(arrays, values)
 
-    def _restore_checkpoint(self, restored: Any) -> None:
-        super()._restore_checkpoint(restored)
-        self.restored = restored
+
+class _Restored:
+    def __init__(self, arrays: dict[str, Any], values: dict[str, Any]) -> None:
+        self.extra_arrays, self.extra_values = arrays, values
 
 
 def test_extra_arrays_and_values_round_trip(tmp_path: Path) -> None:
@@ -146,7 +174,11 @@ def test_bad_extras_fail_the_save_and_leave_nothing(
 ) -> None:
     rb = WithExtras("cpu", "cpu", 8, seed=1, storage_dir=tmp_path / "storage")
     fill_rows(rb, 5)
-    rb.ARRAYS, rb.VALUES = arrays, values  # type: ignore[misc]  # on the instance only
+    entries = {**arrays, **values}
+    name = next(iter(entries)).split(".")[0]  # "../x" -> an extra named "" with key "./x": still "../x" on disk
+    own = {k: v for k, v in arrays.items()}, {k: v for k, v in values.items()}
+    rb.checkpoint_extras[:] = [Extra(name, {k[len(name) + 1 :]: v for k, v in own[0].items()},
+                                     {k[len(name) + 1 :]: v for k, v in own[1].items()})]  # fmt: skip
     with pytest.raises(ValueError, match=problem):
         rb.save(tmp_path / "run", data=True)
     assert os.listdir(tmp_path) == ["storage"]

@@ -30,7 +30,7 @@ def buffer(first_x: Any, *, fast: bool = True, capacity: int = 2) -> ReplayBuffe
         x = first_x + i if isinstance(first_x, torch.Tensor) and first_x.dtype != torch.bool else first_x
         rb.add({"other": float(i), "x": x})
     if not fast:
-        rb._storage.fast = None
+        rb.engine.storage.fast = None
     return rb
 
 
@@ -170,7 +170,7 @@ def test_issue10_torn_rows(fast: bool) -> None:
     rb.add({"a": 0.0, "b": 0.0})
     rb.add({"a": 1.0, "b": 1.0})
     if not fast:
-        rb._storage.fast = None
+        rb.engine.storage.fast = None
     before = snapshot(rb)
     for bad in (10**400, torch.tensor(5.0, device="meta")):
         with pytest.raises(SchemaError, match="key 'b'"):
@@ -182,7 +182,7 @@ def test_issue10_torn_rows(fast: bool) -> None:
     rb.add({"a": 0.0, "b": np.int32(0)})
     rb.add({"a": 1.0, "b": np.int32(1)})
     if not fast:
-        rb._storage.fast = None
+        rb.engine.storage.fast = None
     before = snapshot(rb)
     with pytest.raises(SchemaError, match="key 'b'"):
         rb.add({"a": 99.0, "b": np.int64(2**40)})
@@ -251,13 +251,13 @@ def test_no_warning_for_numpy_and_python_numbers() -> None:
 def test_exact_tensors_still_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
     rb = buffer(torch.zeros(3))
     calls = []
-    real = rb._storage.schema.check
+    real = rb.engine.storage.schema.check
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         calls.append(args)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(rb._storage.schema, "check", spy)
+    monkeypatch.setattr(rb.engine.storage.schema, "check", spy)
     rb.add({"other": 1.0, "x": torch.ones(3)})
     rb.add_batch({"other": torch.ones(2), "x": torch.ones(2, 3)})
     assert calls == []
@@ -343,7 +343,7 @@ def write(draw: st.DrawFn, schema: dict[str, tuple[torch.dtype, tuple[int, ...]]
 
 def raw(rb: ReplayBuffer) -> tuple:
     """Every stored byte and the counters."""
-    columns = rb._storage.columns
+    columns = rb.engine.storage.columns
     return rb.pointer, rb.data_size, {k: c.view(torch.uint8).clone() for k, c in columns.items()}
 
 
@@ -356,7 +356,7 @@ def test_random_writes_against_a_list_of_rows(data: st.DataObject) -> None:
     rb = ReplayBuffer("cpu", "cpu", capacity, seed=0)
     rb.add({k: torch.zeros(shape, dtype=dtype) for k, (dtype, shape) in schema.items()})
     if data.draw(st.booleans()):
-        rb._storage.fast = None  # the checked path only
+        rb.engine.storage.fast = None  # the checked path only
     # the reference: the row stored in each slot (None: never written), and the ring pointer
     slots: list[dict[str, np.ndarray] | None] = [None] * capacity
     slots[0] = {k: np.zeros(shape, _np(d)) for k, (d, shape) in schema.items()}

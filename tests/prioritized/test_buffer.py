@@ -146,9 +146,9 @@ def fake_torchrl_trees(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64"):
         reduce = "sum" if name.startswith("Sum") else "min"
         monkeypatch.setattr(module, name, functools.partial(FakeSegmentTree, reduce=reduce))
-    monkeypatch.setattr(priority_index, "_PROBED", {})
+    priority_index.forget_probes()
     yield
-    priority_index._PROBED.clear()
+    priority_index.forget_probes()
 
 
 def test_torchrl_adapter_drives_the_real_sampler(tmp_path: Any, fake_torchrl_trees: None) -> None:
@@ -414,7 +414,9 @@ def test_close_frees_the_priorities_and_their_tree(tmp_path: Any) -> None:
     import weakref
 
     rb = make(tmp_path, capacity=1000, rows=10)
-    priority, index = weakref.ref(rb._priority), weakref.ref(rb._index)
+    own = rb.checkpoint_extras[0]  # the buffer's Priorities
+    priority, index = weakref.ref(own.priority), weakref.ref(own.index)
+    del own
     rb.close()
     gc.collect()
     assert priority() is None and index() is None  # freed with the buffer's rows, not when rb is

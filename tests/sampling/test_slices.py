@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SchemaError
 from objectrl_buffer.sampling.slices import StoredRows, slice_positions
 
@@ -125,7 +126,7 @@ def test_rejection_and_table_paths_draw_from_the_same_starts(pad: bool, p_end: f
     gen = torch.Generator().manual_seed(11)
     done = torch.zeros(capacity)
     done[torch.rand(capacity, generator=gen) < p_end] = 1.0
-    rows = StoredRows({"done": done}, ("done",), pointer, size, capacity)
+    rows = StoredRows({"done": done}, ("done",), Ring(capacity, size, pointer))
     draws = {}
     for tries in (0, 8):
         positions, mask = slice_positions(rows, 60_000, slice_len, pad, torch.Generator().manual_seed(tries))

@@ -220,7 +220,7 @@ def test_find_in_ranges_covered_by_many_nodes() -> None:
     ranges = [(8_037, 39_990), (0, 7_001)]
     tree = SumTree(capacity)
     tree.rebuild(weights)
-    assert tree._cover(ranges)[0].numel() > 4 * tree.branching
+    assert tree.cover(ranges)[0].numel() > 4 * tree.branching
     slots = torch.cat([torch.arange(lo, hi) for lo, hi in ranges])
     cumulative = weights[slots].cumsum(0)
     total = float(cumulative[-1])

@@ -1,4 +1,5 @@
-"""samplers: index arithmetic over ring state, checked against plain Python models."""
+"""sampling.uniform: slot choice over ring state, checked against plain Python models (the ring's own
+arithmetic is tested in tests/core/test_ring.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import math
 import pytest
 import torch
 
+from objectrl_buffer.core.ring import Ring
+from objectrl_buffer.errors import StaleIteratorError
 from objectrl_buffer.sampling.uniform import (
-    chronological_slots,
+    epoch_batches,
     epoch_slots,
+    epochs,
     num_batches,
-    rows_still_held,
+    recent_slots,
     uniform_slots,
-    window_ranges,
 )
 
 
@@ -39,17 +42,17 @@ def reference_chronological(pointer: int, size: int, capacity: int) -> list[int]
 
 @pytest.mark.parametrize(("pointer", "size", "capacity"), ring_states(7))
 def test_chronological_slots_match_the_reference(pointer: int, size: int, capacity: int) -> None:
-    slots = chronological_slots(pointer, size, capacity, torch.device("cpu"))
+    slots = Ring(capacity, size, pointer).chronological(torch.device("cpu"))
     assert slots.dtype == torch.int64 and slots.device.type == "cpu"
     assert slots.tolist() == reference_chronological(pointer, size, capacity)
 
 
 def test_chronological_slots_examples() -> None:
     cpu = torch.device("cpu")
-    assert chronological_slots(5, 10, 10, cpu).tolist() == [5, 6, 7, 8, 9, 0, 1, 2, 3, 4]
-    assert chronological_slots(0, 10, 10, cpu).tolist() == list(range(10))
-    assert chronological_slots(3, 3, 10, cpu).tolist() == [0, 1, 2]
-    assert chronological_slots(0, 0, 4, cpu).tolist() == []
+    assert Ring(10, 10, 5).chronological(cpu).tolist() == [5, 6, 7, 8, 9, 0, 1, 2, 3, 4]
+    assert Ring(10, 10, 0).chronological(cpu).tolist() == list(range(10))
+    assert Ring(10, 3, 3).chronological(cpu).tolist() == [0, 1, 2]
+    assert Ring(4, 0, 0).chronological(cpu).tolist() == []
 
 
 @pytest.mark.parametrize("n_rows", [0, 1, 2, 7, 8, 9, 100])
@@ -103,7 +106,7 @@ def test_epoch_slots_unshuffled_does_not_consume_randomness() -> None:
 
 
 @pytest.mark.parametrize("capacity", [1, 3, 6])
-def test_rows_still_held_matches_a_slot_by_slot_model(capacity: int) -> None:
+def test_held_under_matches_a_slot_by_slot_model(capacity: int) -> None:
     for old_pointer, old_held, pointer, size in itertools.product(
         range(capacity), range(capacity + 1), range(capacity), range(capacity + 1)
     ):
@@ -115,14 +118,50 @@ def test_rows_still_held_matches_a_slot_by_slot_model(capacity: int) -> None:
             if expected and age[slot] != age[(slot + 1) % capacity] + 1:
                 break
             expected += 1
-        assert rows_still_held(old_pointer, old_held, pointer, size, capacity) == expected
+        assert Ring(capacity, old_held, old_pointer).held_under(pointer, size) == expected
 
 
 @pytest.mark.parametrize(("pointer", "size", "capacity"), [s for s in ring_states(7) if s[1]])
-def test_window_ranges_cover_the_newest_rows_oldest_first(pointer: int, size: int, capacity: int) -> None:
+def test_window_spans_cover_the_newest_rows_oldest_first(pointer: int, size: int, capacity: int) -> None:
     """One or two contiguous slot ranges, together exactly the newest min(window, size) rows in age order."""
     for window in range(1, capacity + 3):
-        ranges = window_ranges(pointer, size, capacity, window)
+        ranges = Ring(capacity, size, pointer).window_spans(window)
         assert 1 <= len(ranges) <= 2 and all(0 <= lo < hi <= capacity for lo, hi in ranges)
         slots = [s for lo, hi in ranges for s in range(lo, hi)]
         assert slots == reference_chronological(pointer, size, capacity)[-window:]
+
+
+@pytest.mark.parametrize(("pointer", "size", "capacity"), [s for s in ring_states(6) if s[1]])
+def test_recent_slots_draw_only_the_newest_rows(pointer: int, size: int, capacity: int) -> None:
+    ring = Ring(capacity, size, pointer)
+    for window in range(1, capacity + 2):
+        drawn = set(recent_slots(ring, window, 400, torch.Generator().manual_seed(window)).tolist())
+        assert drawn == set(reference_chronological(pointer, size, capacity)[-window:])
+
+
+def test_phantom_rows_are_never_drawn_or_listed() -> None:
+    ring = Ring(8, size=8, pointer=3, phantom=5)  # the newest 3 rows hold data: slots 0, 1, 2
+    assert ring.chronological("cpu").tolist() == [0, 1, 2]
+    assert set(recent_slots(ring, 100, 300, torch.Generator().manual_seed(0)).tolist()) == {0, 1, 2}
+    assert ring.window_spans() == ((0, 3),)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_epoch_batches_cover_every_position_with_spans_in_order(shuffle: bool) -> None:
+    batches = list(epoch_batches(10, 4, shuffle, torch.Generator().manual_seed(0)))
+    assert sorted(torch.cat([p for p, _ in batches]).tolist()) == list(range(10))
+    for positions, span in batches:
+        assert (span is None) == shuffle
+        if span is not None:
+            assert positions.tolist() == list(range(*span))
+
+
+def test_epochs_read_lazily_and_go_stale() -> None:
+    live = [True]
+    reads: list[list[int]] = []
+    it = epochs(lambda p, s: reads.append(p.tolist()) or p, 5, 2, 2, False, torch.Generator(), lambda: live[0])
+    assert next(it).tolist() == [0, 1] and reads == [[0, 1]]  # read when yielded, not before
+    assert [b.tolist() for b in [next(it), next(it)]] == [[2, 3], [4]]
+    live[0] = False
+    with pytest.raises(StaleIteratorError):
+        next(it)

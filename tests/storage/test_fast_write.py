@@ -27,11 +27,11 @@ def first_row() -> dict:
 
 def slow(rb: ReplayBuffer, method: str, data: object) -> None:
     """``rb.<method>(data)`` with the fast writer off: the full checked path."""
-    rb._storage.fast = None
+    rb.engine.storage.fast = None
     try:
         getattr(rb, method)(data)
     finally:
-        rb._storage.fast = None
+        rb.engine.storage.fast = None
 
 
 def state(rb: ReplayBuffer) -> tuple:
@@ -146,7 +146,7 @@ def test_fast_path_matches_checked_path(ops: list[tuple[str, object]]) -> None:
     ref = ReplayBuffer("cpu", "cpu", CAP, seed=0)
     fast.add(first_row())
     slow(ref, "add", first_row())
-    assert fast._storage.fast is not None
+    assert fast.engine.storage.fast is not None
     for method, data in ops:
         got = outcome(lambda method=method, data=data: getattr(fast, method)(data))
         want = outcome(lambda method=method, data=data: slow(ref, method, data))
@@ -169,7 +169,7 @@ def test_fast_path_is_taken_for_plain_inputs(rb: ReplayBuffer, monkeypatch: pyte
     def refuse(*args: object) -> None:
         raise AssertionError("checked path used")
 
-    monkeypatch.setattr(rb._storage.schema, "check", refuse)
+    monkeypatch.setattr(rb.engine.storage.schema, "check", refuse)
     rb.add({"state": np.ones(3, np.float32), "action": 1, "flag": True, "reward": 1.0})
     rb.add(TensorDict({"state": torch.ones(3), "action": 1, "flag": True, "reward": 1.0}))
     rb.add_batch({"state": torch.ones(4, 3), "action": torch.ones(4, dtype=torch.int64),
@@ -238,7 +238,7 @@ def test_rejected_write_changes_nothing(rb: ReplayBuffer) -> None:
 def test_tensor_that_requires_grad_is_stored_as_data(rb: ReplayBuffer) -> None:
     rb.add({"state": torch.ones(3, requires_grad=True) * 2, "action": 1, "flag": True, "reward": 1.0})
     assert rb.sample_by_index([rb.pointer - 1])["state"].tolist() == [[2.0, 2.0, 2.0]]
-    assert not any(column.requires_grad for column in rb._storage.columns.values())
+    assert not any(column.requires_grad for column in rb.engine.storage.columns.values())
 
 
 def test_batched_tensordict_in_add_still_rejected(rb: ReplayBuffer) -> None:
@@ -282,7 +282,8 @@ def test_wide_rows_go_through_pwrite_and_read_back_exactly(tmp_path) -> None:
 
     for i in range(5):
         single(i, as_tensor=i % 2 == 0)
-    assert rb._storage.fast is not None and set(rb._storage.fast.fds) == {"state"}  # the wide path is in use
+    fast = rb.engine.storage.fast
+    assert fast is not None and set(fast.fds) == {"state"}  # the wide path is in use
     ids = np.arange(5, 16)  # 11 rows into capacity 7: wraps and keeps the newest 7
     rb.add_batch({"state": frames[ids], "small": ids.astype(np.float32), "step": ids})
     for i in ids:

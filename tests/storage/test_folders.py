@@ -108,7 +108,7 @@ def test_clean_dry_run_lists_and_keeps_then_clean_removes(tmp_path: Path, capsys
         out = capsys.readouterr().out
         assert str(dead) in out and alive not in out and "would remove" in out
         held = folders.folder_bytes(str(dead))  # the bytes it holds (allocated blocks)
-        assert held >= 300_000 and f"{dead} ({commands._bytes(held)}, pid 999999999, gone)" in out
+        assert held >= 300_000 and f"{dead} ({commands.human_bytes(held)}, pid 999999999, gone)" in out
         assert dead.is_dir() and os.path.isdir(alive)  # nothing removed
         assert cli.main(["clean", str(tmp_path)]) == 0
         out = capsys.readouterr().out

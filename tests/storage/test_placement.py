@@ -188,11 +188,12 @@ def test_reserved_storage_is_mapped_up_front_and_wide_rows_skip_pwrite(
         ram.add(frame)
         disk.add(frame)
         path = os.path.join(ram.storage_folder, "frame.memmap")
-        reserved = ram._storage.reserved  # reserved lazily, in proportion to the rows written
+        reserved = ram.engine.storage.reserved  # reserved lazily, in proportion to the rows written
         assert 1 <= reserved < 256
         assert mapped_kib(path) * 1024 >= reserved * 4 * 84 * 84 - 4096  # every reserved page mapped: no faults
-        assert ram._storage.fast is not None and not ram._storage.fast.fds
-        assert disk._storage.fast is not None and disk._storage.fast.fds  # disk-backed: wide rows via pwrite
+        assert ram.engine.storage.fast is not None and not ram.engine.storage.fast.fds
+        disk_fast = disk.engine.storage.fast
+        assert disk_fast is not None and disk_fast.fds  # disk-backed: wide rows via pwrite
         for rb in (ram, disk):
             rb.add({"frame": torch.full((4, 84, 84), 9, dtype=torch.uint8), "step": 1})
             assert rb.sample_by_index([1])["frame"].unique().tolist() == [9]
@@ -255,7 +256,7 @@ def test_a_container_memory_limit_bounds_the_room(
     fake_cgroups(tmp_path, proc, files)
     monkeypatch.setattr(placement, "PROC_CGROUP", str(tmp_path / "proc"))
     monkeypatch.setattr(placement, "CGROUP_ROOT", str(tmp_path / "cg"))
-    assert placement._cgroup_headroom() == headroom
+    assert placement.cgroup_headroom() == headroom
     monkeypatch.setattr(placement, "_mem_available", lambda: None)
     free = fixed_free_space(monkeypatch, tmp_path)
     assert placement.ram_room(str(tmp_path)) == (free if headroom is None else min(free, headroom))
@@ -292,7 +293,7 @@ def test_odd_cgroup_files_never_break_an_add(
     (tmp_path / "proc").write_bytes(text.encode("latin-1"))
     monkeypatch.setattr(placement, "PROC_CGROUP", str(tmp_path / "proc"))
     monkeypatch.setattr(placement, "CGROUP_ROOT", str(tmp_path / "cg"))
-    assert placement._cgroup_headroom() is None
+    assert placement.cgroup_headroom() is None
     with ReplayBuffer("cpu", "cpu", 10) as rb:
         rb.add(row(1))
         assert steps_of(rb.sample_all()) == [1]
@@ -323,7 +324,7 @@ def test_a_tmpfs_temp_dir_is_reserved_too_and_warns_when_it_cannot_be(
     with ReplayBuffer("cpu", "cpu", 100) as rb:
         rb.add(frame)
         assert pathlib.Path(rb.storage_folder).parent == pathlib.Path(tempfile.gettempdir())
-        assert rb._storage.fast is not None and not rb._storage.fast.fds  # reserved RAM: no pwrite
+        assert rb.engine.storage.fast is not None and not rb.engine.storage.fast.fds  # reserved RAM: no pwrite
     monkeypatch.setattr(placement, "reserve", lambda paths: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     with ReplayBuffer("cpu", "cpu", 100) as rb, pytest.warns(RuntimeWarning, match="storage_dir"):
         rb.add(frame)

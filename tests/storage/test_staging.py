@@ -63,7 +63,7 @@ def test_depth_must_be_positive() -> None:
 def test_buffer_reads_through_staging_match_plain_reads() -> None:
     staged = ReplayBuffer("cpu", "cpu", 64, seed=3)
     plain = ReplayBuffer("cpu", "cpu", 64, seed=3)
-    staged._staging = StagingRing("cpu", depth=2, pin=False)
+    staged.engine.staging = StagingRing("cpu", depth=2, pin=False)
     for rb in (staged, plain):
         rb.add_batch({"state": torch.randn(80, 4, generator=torch.Generator().manual_seed(0)),
                       "step": torch.arange(80)})  # fmt: skip
@@ -113,5 +113,4 @@ def test_cuda_sample_is_fresh_memory() -> None:
 def test_staging_is_pinned_on_cuda() -> None:
     ring = StagingRing("cuda")
     ring.gather(columns(), np.array([1, 2]), ["state"])
-    buffer, _ = ring._stages[0]["state"]
-    assert buffer.is_pinned()
+    assert ring.buffers() and all(buffer.is_pinned() for buffer in ring.buffers())

@@ -1,0 +1,395 @@
+"""The engine every buffer is built on: rows of one schema in a ring, one door in and one door out.
+
+* In: :meth:`Engine.add` / :meth:`Engine.add_batch` check a write against the schema (the first write
+  fixes it, :mod:`~objectrl_buffer.core.schema`), store it at the ring's pointer through the fast path
+  (:mod:`~objectrl_buffer.storage.fast_write`) or the checked one, and advance the ring
+  (:mod:`~objectrl_buffer.core.ring`). A rejected write changes nothing.
+* Out: :meth:`Engine.read` gathers the rows at given slots (:mod:`~objectrl_buffer.storage.table`)
+  and delivers them as a new ``TensorDict`` on the training device, through pinned staging from CPU
+  storage to CUDA (:mod:`~objectrl_buffer.storage.staging`).
+
+Which slots to read is decided by the caller with :mod:`objectrl_buffer.sampling`; the ObjectRL facade
+(:class:`~objectrl_buffer.ReplayBuffer`), prioritized replay and the other rooms compose an engine
+instead of re-implementing any of this.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import RandomSampler, RoundRobinWriter, TensorDictReplayBuffer
+
+from objectrl_buffer.checkpoint.data import BufferState
+from objectrl_buffer.checkpoint.extras import ExtraState, collect, own
+from objectrl_buffer.checkpoint.generations import Restored
+from objectrl_buffer.core.envs import check_env_step, flatten_steps
+from objectrl_buffer.core.keys import INDEX_KEY
+from objectrl_buffer.core.ring import Ring
+from objectrl_buffer.core.schema import Key, Schema, require_mapping
+from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SlotIndexError
+from objectrl_buffer.sampling.nstep import n_step_targets
+from objectrl_buffer.sampling.slices import TransitionKeys
+from objectrl_buffer.storage import torchrl_compat
+from objectrl_buffer.storage.staging import StagingRing
+from objectrl_buffer.storage.table import TransitionStorage, make_tensordict
+
+__all__ = ["Engine", "Transition", "Slots"]
+
+#: One write: a ``TensorDict`` or a mapping of key -> tensor / NumPy array / Python number.
+Transition: TypeAlias = TensorDictBase | Mapping[str, Any]
+#: Storage slots as users give them: an int, a sequence or range of ints, or an integer tensor.
+Slots: TypeAlias = Sequence[int] | range | torch.Tensor | int
+
+
+class Engine:
+    """Rows of one schema in a ring of ``capacity`` slots on ``storing_device``, read out onto ``device``.
+
+    Args:
+        capacity: slots (> 0, a multiple of ``num_envs``; the caller validates it).
+        device: where :meth:`read` delivers rows (the training device).
+        storing_device: where rows live (CPU: memory-mapped files, see :mod:`~objectrl_buffer.storage.table`).
+        storage_dir: parent folder of the CPU files (``None``: chosen at the first write).
+        num_envs: rows per env step; env ``e`` of step ``t`` goes to slot ``t * num_envs + e``.
+
+    Attributes:
+        ring: the ring state (:class:`~objectrl_buffer.core.ring.Ring`), the one owner of capacity,
+            size, pointer and the phantom rows of a metadata-only load.
+        storage: the columns (:class:`~objectrl_buffer.storage.table.TransitionStorage`).
+        generation: bumped whenever the rows are dropped or replaced (reset, close, a load): readers
+            that outlive a generation (epoch iterators) compare it.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        device: torch.device,
+        storing_device: torch.device,
+        storage_dir: str | os.PathLike[str] | None = None,
+        *,
+        num_envs: int = 1,
+    ) -> None:
+        self.device = device
+        self.storing_device = storing_device
+        self.storage_dir = storage_dir
+        self.num_envs = num_envs
+        self.ring = Ring(capacity)
+        self.storage = TransitionStorage(capacity, storing_device, storage_dir)
+        self.staging = self._new_staging()
+        self.cast_warned: set[Key] = set()  # keys whose tensors were cast/reshaped: CastWarning once each
+        self.generation = 0
+        self._view: TensorDictReplayBuffer | None = None
+
+    def _new_staging(self) -> StagingRing | None:
+        # CPU storage, CUDA training device: samples go through pinned staging buffers
+        return StagingRing(self.device) if self.device.type == "cuda" and self.storing_device.type == "cpu" else None
+
+    @property
+    def schema(self) -> Schema | None:
+        """Stored keys with per-row shapes and dtypes; ``None`` until the first write."""
+        return self.storage.schema
+
+    # ------------------------------------------------------------------ writes
+    def add(self, transition: Transition) -> None:
+        """Store one transition (one env step of every env when ``num_envs > 1``) at the pointer.
+
+        Raises:
+            SchemaError: it does not fit the stored schema (nothing is stored).
+            InvalidArgumentError: a batched TensorDict, or not a mapping.
+            ClosedBufferError: after :meth:`close`.
+        """
+        ring = self.ring
+        if self.num_envs > 1:  # before the fast path, which would take a dict of numbers as one row
+            check_env_step(transition, self.num_envs)
+            self.add_batch(transition, steps=False)
+            return
+        fast = self.storage.fast
+        if fast is not None and fast.write_row(transition, ring.pointer):
+            pointer = ring.pointer + 1
+            ring.pointer = pointer if pointer < ring.capacity else 0
+            if ring.size < ring.capacity:
+                ring.size += 1
+            elif ring.phantom:  # the full ring overwrote its oldest row: a phantom one
+                ring.phantom -= 1
+            return
+        if isinstance(transition, TensorDictBase):
+            if transition.batch_dims:
+                raise InvalidArgumentError(
+                    f"add() takes one transition (batch_size []), got batch_size {list(transition.batch_size)}: "
+                    "use add_batch() for several"
+                )
+        elif not isinstance(transition, Mapping):
+            require_mapping(transition, "add")
+        storage = self.storage
+        if storage.schema is None:
+            schema, values = Schema.infer(transition, batch_dims=0)
+            storage.initialize(schema, values)
+            pairs: list[tuple[Any, Any]] = [(schema.by_key[k], v) for k, v in values.items()]
+        else:
+            pairs, _ = storage.schema.check(transition, batch_dims=0, warned=self.cast_warned)
+        storage.write(ring.pointer, pairs)
+        ring.advance(1)
+
+    def add_batch(self, batch: Transition, *, steps: bool = True) -> tuple[int, int]:
+        """Store ``N`` rows at the pointer (wrapping); return ``(start, kept)``: the rows kept went to
+        slots ``start, start + 1, ...`` (mod capacity), ``kept = min(N, capacity)`` of them.
+
+        ``steps``: with ``num_envs > 1``, ``batch`` is ``[T, num_envs]`` time-major steps (``False``:
+        it is already ``[N]`` rows).
+
+        Raises:
+            SchemaError, InvalidArgumentError: as :meth:`add`; also keys that disagree on ``N``.
+        """
+        if self.num_envs > 1 and steps:
+            batch = flatten_steps(batch, self.num_envs)
+        ring = self.ring
+        fast = self.storage.fast
+        if fast is not None:
+            n = fast.write_batch(batch, ring)
+            if n >= 0:
+                return ring.advance(n)
+        if isinstance(batch, TensorDictBase):
+            if batch.batch_dims != 1:
+                raise InvalidArgumentError(
+                    f"add_batch() takes a TensorDict of batch_size [N], got {list(batch.batch_size)}"
+                )
+        else:
+            require_mapping(batch, "add_batch")
+        storage = self.storage
+        if storage.schema is None:
+            schema, values = Schema.infer(batch, batch_dims=1)
+            n = next(iter(values.values())).shape[0]
+            if n == 0:
+                return ring.pointer, 0
+            storage.initialize(schema, {k: v[0] for k, v in values.items()})
+            pairs: list[tuple[Any, Any]] = [(schema.by_key[k], v) for k, v in values.items()]
+        else:
+            pairs, n = storage.schema.check(batch, batch_dims=1, warned=self.cast_warned)
+            if n == 0:
+                return ring.pointer, 0
+        start, kept = ring.placement(n)
+        storage.write_rows(start, pairs, first=n - kept, n=kept)
+        return ring.advance(n)
+
+    # ------------------------------------------------------------------ lifecycle
+    def clear(self, capacity: int | None = None) -> None:
+        """Drop every row (optionally take a new capacity); the next write may bring a new schema.
+
+        CPU storage keeps its files and reserved pages for a next write of the same schema
+        (:meth:`TransitionStorage.release`); a new capacity frees them now.
+        """
+        if capacity is not None and capacity != self.ring.capacity:
+            self.storage.resize(capacity)
+        else:
+            self.storage.release()
+        self.ring.clear(capacity)
+        self.generation += 1
+
+    def close(self) -> None:
+        """Free the storage, its files and the pinned staging memory; later writes raise ``ClosedBufferError``."""
+        self.storage.close()
+        self.ring.clear()
+        self.generation += 1
+        self.staging = None
+
+    def adopt(self, storage: TransitionStorage | None, ring: Ring) -> None:
+        """Take restored rows (``storage``; ``None`` keeps the current one, as a metadata-only load does)
+        and ring state, of the same capacity as the storage."""
+        if storage is not None:
+            old, self.storage = self.storage, storage
+            self._view = None
+            old.close()
+        self.ring = ring
+        self.generation += 1
+
+    # ------------------------------------------------------------------ reads
+    def require_rows(self) -> None:
+        """Raise :class:`EmptyBufferError` unless some row holds data."""
+        ring = self.ring
+        if ring.size == 0:
+            raise EmptyBufferError("cannot sample from an empty buffer: add transitions first")
+        if self.storage.schema is None or ring.held == 0:
+            raise EmptyBufferError(
+                f"the buffer counts {ring.size} rows but holds no data: load() restored metadata only"
+            )
+
+    def read(
+        self,
+        slots: torch.Tensor,
+        keys: list[Key] | None = None,
+        with_index: bool = True,
+        span: tuple[int, int] | None = None,
+    ) -> TensorDict:
+        """The rows at ``slots`` (int64, on the storing device, valid) as a new TensorDict on ``device``.
+
+        ``keys``: only those (default all); ``with_index``: add ``"index"`` (the slots); ``span=(start,
+        stop)`` says that ``slots`` is ``start .. stop-1``: read as one contiguous copy.
+        """
+        storage = self.storage
+        staging = self.staging
+        if staging is not None and storage.arrays is not None:  # CPU storage -> CUDA via pinned staging
+            rows = slots.numpy() if span is None else slice(*span)
+            wanted = storage.arrays.keys() if keys is None else keys
+            values = staging.gather(storage.arrays, rows, wanted, {INDEX_KEY: slots} if with_index else None)
+            return make_tensordict(values, slots.shape, self.device)
+        values = storage.gather(slots, keys) if span is None else storage.gather_range(span[0], span[1], keys)
+        if with_index:
+            values[INDEX_KEY] = slots
+        if self.device != self.storing_device:
+            values = {k: self.to_device(v) for k, v in values.items()}
+        return make_tensordict(values, slots.shape, self.device)
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on the training device; non-blocking only host -> device (a non-blocking
+        device -> host copy could be read before it lands)."""
+        return tensor.to(self.device, non_blocking=self.device.type != "cpu")
+
+    def read_transitions(
+        self, slots: torch.Tensor, n_step: int | None, gamma: float, keys: TransitionKeys
+    ) -> TensorDict:
+        """:meth:`read`; when ``n_step`` is given, with n-step targets and ``discount``
+        (:mod:`~objectrl_buffer.sampling.nstep`)."""
+        if n_step is None:
+            return self.read(slots)
+        columns = self.storage.columns
+        targets = n_step_targets(columns, slots, self.ring, n_step, gamma, keys, stride=self.num_envs)
+        batch = self.read(slots, [key for key in columns if key not in targets])
+        for key, value in targets.items():
+            batch.set(key, self.to_device(value))
+        return batch
+
+    def slots(self, indices: Slots, name: str = "indices") -> torch.Tensor:
+        """``indices`` as a validated 1-D int64 slot tensor on the storing device.
+
+        Raises:
+            InvalidArgumentError: not integers (floats, bools and complex numbers are refused: a cast
+                would read ``0.9`` as slot 0 and ``True`` as slot 1).
+            SlotIndexError: a slot outside ``[0, len)``, or one counted but holding no data (after a
+                metadata-only load).
+        """
+        if isinstance(indices, torch.Tensor):
+            if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+                raise InvalidArgumentError(f"{name} must be integers, got a tensor of dtype {indices.dtype}")
+            slots = indices.to(device=self.storing_device, dtype=torch.int64)
+        else:
+            try:
+                # No dtype= here: it would truncate 0.9 to slot 0 and read True as slot 1.
+                values = torch.as_tensor(indices if isinstance(indices, (Sequence, int, float)) else list(indices))
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise InvalidArgumentError(f"{name} must be ints, a range, a list or a tensor of ints: {exc}") from None
+            if values.numel() and (values.is_floating_point() or values.is_complex() or values.dtype == torch.bool):
+                raise InvalidArgumentError(f"{name} must be integers, got {indices!r}")
+            slots = values.to(device=self.storing_device, dtype=torch.int64)
+        slots = slots.reshape(-1)
+        ring = self.ring
+        if slots.numel():
+            low, high = int(slots.min()), int(slots.max())
+            if low < 0 or high >= ring.size:
+                bad = low if low < 0 else high
+                raise SlotIndexError(f"index {bad} is out of range for a buffer of {ring.size} rows")
+            if ring.phantom:
+                phantom = (slots - (ring.pointer - ring.size)).remainder_(ring.capacity) < ring.phantom
+                if bool(phantom.any()):
+                    bad = int(slots[phantom][0])
+                    raise SlotIndexError(
+                        f"index {bad} is a slot that holds no data: the buffer counts {ring.size} rows, "
+                        f"but only the newest {ring.held} were written since load() restored counters only"
+                    )
+        return slots
+
+    def torchrl_view(self) -> TensorDictReplayBuffer:
+        """A torchrl ``TensorDictReplayBuffer`` over the same storage (for reading), its length and write
+        cursor brought in line with the ring. Built on first use."""
+        if self._view is None:
+            # compilable: plain-int counters, no multiprocessing.Value and its semaphore in /dev/shm
+            writer = RoundRobinWriter(compilable=True)
+            self._view = TensorDictReplayBuffer(storage=self.storage.torchrl, sampler=RandomSampler(), writer=writer)
+        # after a metadata-only load the counters describe rows this storage does not hold
+        length = self.ring.size if self.storage.initialized else 0
+        torchrl_compat.sync_view(self.storage.torchrl, self._view.writer, length, self.ring.pointer)
+        return self._view
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_state(self, generator: torch.Generator, shuffle: bool, extras: Sequence[ExtraState]) -> BufferState:
+        """References to everything a checkpoint holds (nothing copied), ``extras`` included."""
+        ring = self.ring
+        arrays, values = collect(extras)
+        return BufferState(
+            buffer_size=ring.capacity,
+            data_size=ring.size,
+            pointer=ring.pointer,
+            schema=self.schema,
+            columns=self.storage.columns,
+            generator=generator,
+            shuffle=shuffle,
+            device=self.device,
+            storing_device=self.storing_device,
+            storage_dir=self.storage_dir,
+            extra_arrays=arrays,
+            extra_values=values,
+            phantom=ring.phantom,
+            num_envs=self.num_envs,
+        )
+
+    def restore(self, restored: Restored, extras: Sequence[ExtraState]) -> None:
+        """Adopt a checkpoint that every extra has checked (:func:`check_extras`): the rows (or, metadata
+        only, ObjectRL's counters over the rows this engine holds: the others become phantom rows, with a
+        ``RuntimeWarning``), then each extra's state."""
+        if restored.storage is None:
+            if restored.buffer_size != self.ring.capacity:
+                self.clear(restored.buffer_size)
+            held = self.ring.held_under(restored.pointer, restored.data_size) if self.storage.initialized else 0
+            phantom = restored.data_size - held
+            if phantom:
+                warnings.warn(
+                    f"'{restored.source}' is a metadata-only checkpoint: {phantom} rows are counted "
+                    f"(len() == {restored.data_size}) but hold no data, and will not be sampled; rows "
+                    "written from now on replace them as the ring wraps",
+                    RuntimeWarning,
+                    stacklevel=5,
+                )
+        else:
+            phantom = restored.phantom
+        self.adopt(restored.storage, Ring(restored.buffer_size, restored.data_size, restored.pointer, phantom))
+        self.num_envs = restored.num_envs
+        for extra in extras:
+            extra.restore(own(extra.name, restored.extra_arrays), own(extra.name, restored.extra_values))
+
+    @staticmethod
+    def check_extras(restored: Restored, extras: Sequence[ExtraState]) -> None:
+        """Let each extra refuse its saved state (``CheckpointError``) before anything changes."""
+        for extra in extras:
+            arrays, values = own(extra.name, restored.extra_arrays), own(extra.name, restored.extra_values)
+            extra.check(arrays, values, restored.data_size, restored.source)
+
+    # ------------------------------------------------------------------ copies
+    def __getstate__(self) -> dict[str, Any]:
+        """What ``pickle``/``copy.deepcopy``/``torch.save`` keep: settings, the ring, the schema and the rows
+        of slots ``0 .. size-1`` as new tensors (each at its slot). The storage, its files, the staging
+        buffers and the torchrl view are rebuilt by the copy, never shared."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("storage", "staging", "_view")}
+        storage = self.storage
+        rows = None
+        if storage.schema is not None:
+            rows = {key: column[: self.ring.size].clone() for key, column in storage.columns.items()}
+        state["rows"] = (storage.schema, rows, storage.closed)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        schema, rows, closed = state.pop("rows")
+        self.__dict__.update(state)
+        self.ring = Ring(*self.ring.state())  # never shared with the original
+        self.storage = TransitionStorage(self.ring.capacity, self.storing_device, None if closed else self.storage_dir)
+        self._view = None
+        self.staging = self._new_staging()
+        if closed:
+            self.storage.close()
+        elif schema is not None and rows is not None:
+            self.storage.initialize(schema, {f.key: torch.zeros(f.shape, dtype=f.dtype) for f in schema.fields})
+            n = self.ring.size
+            self.storage.write_rows(0, [(field, rows[field.key]) for field in schema.fields], first=0, n=n)
