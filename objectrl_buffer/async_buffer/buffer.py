@@ -280,7 +280,9 @@ class AsyncSequenceBuffer:
         except RuntimeError:
             running = None
         if running is target:
-            raise RuntimeError("put_batch_threadsafe called on the buffer's own loop (it would block it): await put_batch")
+            raise RuntimeError(
+                "put_batch_threadsafe called on the buffer's own loop (it would block it): await put_batch"
+            )
         future = asyncio.run_coroutine_threadsafe(self.put_batch(samples, birth_times), target)
         return future.result(timeout)
 
@@ -360,7 +362,9 @@ class AsyncSequenceBuffer:
         index = self._by_name.get(name) if isinstance(name, str) else None
         if index is None:
             known = ", ".join(self._by_name)
-            raise InvalidArgumentError(f"consumer {name if name is not None else consumer!r} is unknown (known: {known})")
+            raise InvalidArgumentError(
+                f"consumer {name if name is not None else consumer!r} is unknown (known: {known})"
+            )
         return index
 
     def _oldest(self, c: int, n: int) -> torch.Tensor:
@@ -379,7 +383,7 @@ class AsyncSequenceBuffer:
         consumer = self._consumers[c]
         slots = self._oldest(c, consumer.n_seqs)
         payloads = [self._payload[s] for s in slots.tolist()]
-        batch = gather(self._ids[slots], payloads, consumer.input_keys, self._schema, self.device)  # type: ignore[arg-type]
+        batch = gather(self._ids[slots], payloads, consumer.input_keys, self._schema, self.device)
         self._read[slots, c] = True
         self._available[c] -= consumer.n_seqs
         done = slots[self._read[slots].all(1)]
@@ -444,11 +448,15 @@ class AsyncSequenceBuffer:
         require(held == occ.nonzero().squeeze(1).tolist(), "payloads held do not match the occupied slots")
         empty = ~occ
         require(bool((self._ids[empty] == _EMPTY_ID).all()), "an empty slot keeps an id")
-        require(not bool(self._has[empty].any() | self._ready[empty].any() | self._read[empty].any()),
-                "an empty slot keeps key, ready or read bits")
+        require(
+            not bool(self._has[empty].any() | self._ready[empty].any() | self._read[empty].any()),
+            "an empty slot keeps key, ready or read bits",
+        )
         require(bool((self._birth[empty] == 0).all()), "an empty slot keeps a birth time")
         require(bool((self._birth[occ] <= self._last_birth).all()), "a birth time is after the last one given")
-        require(bool((self._ready[occ] == self._readiness(self._has[occ])).all()), "readiness differs from the keys held")
+        require(
+            bool((self._ready[occ] == self._readiness(self._has[occ])).all()), "readiness differs from the keys held"
+        )
         require(not bool(self._read[occ].all(1).any()), "an entry read by every consumer was not freed")
         available = (occ.unsqueeze(1) & self._ready & ~self._read).sum(0).tolist()
         require(available == self._available, f"available counts {self._available}, state says {available}")

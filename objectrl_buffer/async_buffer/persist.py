@@ -65,8 +65,10 @@ def state_of(buf: AsyncSequenceBuffer) -> dict[str, Any]:
         "version": FORMAT_VERSION,
         "max_size": buf.max_size,
         "consumers": _consumers_json(buf),
-        "keys": [[k, str(buf._schema[k].dtype).removeprefix("torch."), buf._schema[k].ndim,
-                  list(buf._schema[k].trailing)] for k in keys],
+        "keys": [
+            [k, str(buf._schema[k].dtype).removeprefix("torch."), buf._schema[k].ndim, list(buf._schema[k].trailing)]
+            for k in keys
+        ],
         "size": len(payloads),
         "last_birth": buf._last_birth,
     }
@@ -148,8 +150,10 @@ def _tensor(tensors: dict[str, Any], name: str, dtype: torch.dtype, shape: tuple
     t = tensors.get(name)
     _require(isinstance(t, torch.Tensor) and not t.is_nested, f"tensor '{name}' is missing")
     assert isinstance(t, torch.Tensor)
-    _require(t.dtype == dtype and tuple(t.shape) == shape,
-             f"tensor '{name}' is {t.dtype} {list(t.shape)}, expected {dtype} {list(shape)}")
+    _require(
+        t.dtype == dtype and tuple(t.shape) == shape,
+        f"tensor '{name}' is {t.dtype} {list(t.shape)}, expected {dtype} {list(shape)}",
+    )
     return t
 
 
@@ -162,8 +166,12 @@ def _schema(raw: Any) -> dict[str, KeySpec]:
         dtype = getattr(torch, item[1], None)
         _require(isinstance(dtype, torch.dtype), f"key '{item[0]}' has an unknown dtype {item[1]!r}")
         trailing = tuple(item[3])
-        _require(all(isinstance(d, int) and d >= 0 for d in trailing) and item[2] == len(trailing) + (item[2] > 0)
-                 and item[2] >= 0, f"key '{item[0]}' has a bad shape {item[2:]}")
+        _require(
+            all(isinstance(d, int) and d >= 0 for d in trailing)
+            and item[2] == len(trailing) + (item[2] > 0)
+            and item[2] >= 0,
+            f"key '{item[0]}' has a bad shape {item[2:]}",
+        )
         assert isinstance(dtype, torch.dtype)
         schema[item[0]] = KeySpec(dtype, item[2], trailing)
     _require(IDS not in schema, "'ids' is stored as a key")
@@ -179,12 +187,18 @@ def restore(buf: AsyncSequenceBuffer, state: dict[str, Any]) -> None:
     header, tensors = state.get("header"), state.get("tensors")
     _require(isinstance(header, dict) and isinstance(tensors, dict), "expected {'header': ..., 'tensors': ...}")
     assert isinstance(header, dict) and isinstance(tensors, dict)
-    _require(header.get("format") == "objectrl_buffer.async_buffer" and header.get("version") == FORMAT_VERSION,
-             f"format {header.get('format')!r} version {header.get('version')!r}")
-    _require(header.get("max_size") == buf.max_size,
-             f"saved with max_size {header.get('max_size')}, this buffer has max_size {buf.max_size}")
-    _require(header.get("consumers") == _consumers_json(buf),
-             f"saved with consumers {header.get('consumers')}, this buffer has {_consumers_json(buf)}")
+    _require(
+        header.get("format") == "objectrl_buffer.async_buffer" and header.get("version") == FORMAT_VERSION,
+        f"format {header.get('format')!r} version {header.get('version')!r}",
+    )
+    _require(
+        header.get("max_size") == buf.max_size,
+        f"saved with max_size {header.get('max_size')}, this buffer has max_size {buf.max_size}",
+    )
+    _require(
+        header.get("consumers") == _consumers_json(buf),
+        f"saved with consumers {header.get('consumers')}, this buffer has {_consumers_json(buf)}",
+    )
     n, last_birth = header.get("size"), header.get("last_birth")
     _require(isinstance(n, int) and 0 <= n <= buf.max_size and isinstance(last_birth, int), "size / last_birth")
     assert isinstance(n, int) and isinstance(last_birth, int)
@@ -194,8 +208,10 @@ def restore(buf: AsyncSequenceBuffer, state: dict[str, Any]) -> None:
     birth = _tensor(tensors, "birth", torch.int64, (n,))
     read = _tensor(tensors, "read", torch.bool, (n, buf.n_consumers))
     consumed_t = tensors.get("consumed")
-    _require(isinstance(consumed_t, torch.Tensor) and consumed_t.dtype == torch.int64 and consumed_t.dim() == 1,
-             "tensor 'consumed' is missing or not int64 [k]")
+    _require(
+        isinstance(consumed_t, torch.Tensor) and consumed_t.dtype == torch.int64 and consumed_t.dim() == 1,
+        "tensor 'consumed' is missing or not int64 [k]",
+    )
     assert isinstance(consumed_t, torch.Tensor)
     _require(bool(((slots >= 0) & (slots < buf.max_size)).all()) and slots.unique().numel() == n, "slots")
     _require(ids.unique().numel() == n and not bool((ids == -1).any()), "ids are not unique")

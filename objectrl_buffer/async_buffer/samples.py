@@ -95,7 +95,9 @@ def parse_samples(samples: Any, device: torch.device) -> Parsed:
     """
     if isinstance(samples, TensorDictBase):
         if samples.batch_dims != 1:
-            raise InvalidArgumentError(f"samples: a TensorDict must have batch size [n], got {list(samples.batch_size)}")
+            raise InvalidArgumentError(
+                f"samples: a TensorDict must have batch size [n], got {list(samples.batch_size)}"
+            )
         n = samples.batch_size[0]
         keys = list(samples.keys())
         if n and IDS not in keys:
@@ -122,7 +124,7 @@ def parse_samples(samples: Any, device: torch.device) -> Parsed:
         where = f"samples[{i}]"
         if not isinstance(sample, (Mapping, TensorDictBase)):
             raise InvalidArgumentError(f"{where} must be a mapping of key -> tensor, got {type(sample).__name__}")
-        if IDS not in sample.keys():
+        if IDS not in sample.keys():  # noqa: SIM118 (a TensorDict refuses `in`)
             raise InvalidArgumentError(f"{where}: every sample needs an integer 'ids' key")
         ids.append(_as_id(sample[IDS], where))
         payloads.append({k: _tensor(v, k, where, device) for k, v in sample.items() if k != IDS})
@@ -166,7 +168,10 @@ def _column(parts: list[torch.Tensor], spec: KeySpec, device: torch.device) -> t
 
 
 def gather(
-    ids: torch.Tensor, payloads: list[dict[str, torch.Tensor]], keys: Sequence[str], schema: Mapping[str, KeySpec],
+    ids: torch.Tensor,
+    payloads: list[dict[str, torch.Tensor]],
+    keys: Sequence[str],
+    schema: Mapping[str, KeySpec],
     device: torch.device,
 ) -> TensorDict:
     """A TensorDict of batch size ``[n]`` on ``device``: ``ids`` (int64) and ``keys`` (fresh copies, never views)."""

@@ -345,57 +345,57 @@ def test_three_producers_two_consumers_one_amender_under_gather() -> None:
     buf.check_invariants()
 
 
-def test_against_a_reference_model() -> None:
+@pytest.mark.parametrize("seed", range(4))
+def test_against_a_reference_model(seed: int) -> None:
     """Random puts/amends/gets against a plain-Python model of the policy (oldest ready first, free after all)."""
-    for seed in range(4):
-        rng = random.Random(seed)
-        consumers = [Consumer("a", ("tokens", "rewards"), 2), Consumer("b", ("tokens",), 3), Consumer("c", (), 1)]
-        buf = AsyncSequenceBuffer(consumers, 12)
-        model: dict[int, dict[str, Any]] = {}  # id -> {slot, birth, keys, read}
-        next_id = 0
+    rng = random.Random(seed)
+    consumers = [Consumer("a", ("tokens", "rewards"), 2), Consumer("b", ("tokens",), 3), Consumer("c", (), 1)]
+    buf = AsyncSequenceBuffer(consumers, 12)
+    model: dict[int, dict[str, Any]] = {}  # id -> {slot, birth, keys, read}
+    next_id = 0
 
-        async def go() -> None:
-            nonlocal next_id
-            for _ in range(150):
-                op = rng.random()
-                if op < 0.4:
-                    n = rng.randint(1, 4)
-                    births = [rng.randint(0, 50) for _ in range(n)]
-                    free = sorted(set(range(12)) - {e["slot"] for e in model.values()})
-                    if n > len(free):
-                        with pytest.raises(BufferFull):
-                            buf.put_batch_nowait([seq(next_id + i) for i in range(n)], births)
-                    else:
-                        slots = await buf.put_batch([seq(next_id + i) for i in range(n)], births)
-                        assert slots.tolist() == free[:n]
-                        for i in range(n):
-                            model[next_id + i] = {"slot": free[i], "birth": births[i], "keys": {"tokens"}, "read": set()}
-                    next_id += n
-                elif op < 0.6 and model:
-                    ids = rng.sample(sorted(model), min(len(model), rng.randint(1, 3)))
-                    await buf.amend_batch([model[i]["slot"] for i in ids], [reward(i) for i in ids])
-                    for i in ids:
-                        model[i]["keys"].add("rewards")
+    async def go() -> None:
+        nonlocal next_id
+        for _ in range(150):
+            op = rng.random()
+            if op < 0.4:
+                n = rng.randint(1, 4)
+                births = [rng.randint(0, 50) for _ in range(n)]
+                free = sorted(set(range(12)) - {e["slot"] for e in model.values()})
+                if n > len(free):
+                    with pytest.raises(BufferFull):
+                        buf.put_batch_nowait([seq(next_id + i) for i in range(n)], births)
                 else:
-                    c = rng.choice(consumers)
-                    ready = [i for i, e in model.items() if set(c.input_keys) <= e["keys"] and c.name not in e["read"]]
-                    ready.sort(key=lambda i: (model[i]["birth"], model[i]["slot"]))
-                    if len(ready) < c.n_seqs:
-                        with pytest.raises(asyncio.TimeoutError):
-                            await asyncio.wait_for(buf.get_batch(c), 0.001)
-                    else:
-                        slots, got = await bounded(buf.get_batch(c))
-                        want = ready[: c.n_seqs]
-                        assert got["ids"].tolist() == want
-                        assert slots.tolist() == [model[i]["slot"] for i in want]
-                        for i in want:
-                            model[i]["read"].add(c.name)
-                            if len(model[i]["read"]) == len(consumers):
-                                del model[i]
-                buf.check_invariants()
-                assert buf.size == len(model)
+                    slots = await buf.put_batch([seq(next_id + i) for i in range(n)], births)
+                    assert slots.tolist() == free[:n]
+                    for i in range(n):
+                        model[next_id + i] = {"slot": free[i], "birth": births[i], "keys": {"tokens"}, "read": set()}
+                next_id += n
+            elif op < 0.6 and model:
+                ids = rng.sample(sorted(model), min(len(model), rng.randint(1, 3)))
+                await buf.amend_batch([model[i]["slot"] for i in ids], [reward(i) for i in ids])
+                for i in ids:
+                    model[i]["keys"].add("rewards")
+            else:
+                c = rng.choice(consumers)
+                ready = [i for i, e in model.items() if set(c.input_keys) <= e["keys"] and c.name not in e["read"]]
+                ready.sort(key=lambda i: (model[i]["birth"], model[i]["slot"]))
+                if len(ready) < c.n_seqs:
+                    with pytest.raises(asyncio.TimeoutError):
+                        await asyncio.wait_for(buf.get_batch(c), 0.001)
+                else:
+                    slots, got = await bounded(buf.get_batch(c))
+                    want = ready[: c.n_seqs]
+                    assert got["ids"].tolist() == want
+                    assert slots.tolist() == [model[i]["slot"] for i in want]
+                    for i in want:
+                        model[i]["read"].add(c.name)
+                        if len(model[i]["read"]) == len(consumers):
+                            del model[i]
+            buf.check_invariants()
+            assert buf.size == len(model)
 
-        run(go(), timeout=30)
+    run(go(), timeout=30)
 
 
 # ---------------------------------------------------------------- sync and thread entry points

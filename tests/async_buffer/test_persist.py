@@ -37,7 +37,7 @@ def _mid_stream() -> tuple[AsyncSequenceBuffer, dict[str, list[int]]]:
 
 
 def test_round_trip_keeps_slots_read_bits_and_birth_order(tmp_path: Path) -> None:
-    buf, seen = _mid_stream()
+    buf, _ = _mid_stream()
     buf.save(tmp_path / "buf.ckpt")
     loaded = make(32, consumers=two_consumers(3, 4))
     loaded.load(tmp_path / "buf.ckpt")
@@ -89,7 +89,7 @@ print(json.dumps({{"seen": seen, "size": buf.size, "consumed": buf.consumed_ids(
         ids = seen[name] + after["seen"][name]
         assert sorted(ids) == list(range(24)), name  # every id exactly once per consumer, none lost
     # Birth order held across the restart: the reversed births of 0..19 come out 19, 18, ..., then 20..23.
-    assert seen["ref_logp"] + after["seen"]["ref_logp"] == list(range(19, -1, -1)) + [20, 21, 22, 23]
+    assert seen["ref_logp"] + after["seen"]["ref_logp"] == [*range(19, -1, -1), 20, 21, 22, 23]
     assert after["size"] == 0 and sorted(after["consumed"]) == list(range(24))
 
 
