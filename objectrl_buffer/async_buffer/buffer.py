@@ -16,6 +16,7 @@ the waiting consumers.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -82,7 +83,10 @@ class AsyncSequenceBuffer:
         self._has = torch.zeros(m, len(self._tracked), dtype=torch.bool)
         self._ready = torch.zeros(m, c, dtype=torch.bool)
         self._read = torch.zeros(m, c, dtype=torch.bool)
-        self._available = [0] * c  # per consumer: entries ready for it and not yet read by it
+        # Per consumer, the slots ready for it and not yet read by it; and a min-heap of the free slots.
+        # Both change by the batch of each operation, so no operation scans max_size rows.
+        self._candidates: list[set[int]] = [set() for _ in range(c)]
+        self._free_slots = list(range(m))  # sorted, hence a heap
         self._payload: list[dict[str, torch.Tensor] | None] = [None] * m
         self._slot_of: dict[int, int] = {}
         self._size = 0
@@ -177,6 +181,12 @@ class AsyncSequenceBuffer:
             )
         return births.to(torch.int64)
 
+    def _add_candidates(self, slots: list[int], ready: torch.Tensor) -> None:
+        """Add ``slots[i]`` to consumer ``c``'s candidates where ``ready[i, c]``."""
+        if ready.any():
+            for c, column in enumerate(ready.t().tolist()):
+                self._candidates[c].update(s for s, r in zip(slots, column, strict=True) if r)
+
     def _presence(self, payloads: list[dict[str, torch.Tensor]], same_keys: bool) -> torch.Tensor:
         """``[n, n_tracked]`` bool: which readiness keys each sample holds."""
         if same_keys and payloads:
@@ -211,7 +221,8 @@ class AsyncSequenceBuffer:
                 f"({self._max_size - self._size} free); raise max_size or consume faster"
             )
         # All checks passed: from here on nothing raises.
-        slots = (~self._occupied).nonzero().squeeze(1)[:n]
+        slot_list = [heapq.heappop(self._free_slots) for _ in range(n)]  # the lowest free slots
+        slots = torch.tensor(slot_list, dtype=torch.int64)
         has = self._presence(parsed.payloads, parsed.same_keys)
         ready = self._readiness(has)
         self._occupied[slots] = True
@@ -220,9 +231,8 @@ class AsyncSequenceBuffer:
         self._has[slots] = has
         self._ready[slots] = ready
         self._read[slots] = False
-        for c, k in enumerate(ready.sum(0).tolist()):
-            self._available[c] += k
-        for slot, sample_id, payload in zip(slots.tolist(), parsed.ids, parsed.payloads, strict=True):
+        self._add_candidates(slot_list, ready)
+        for slot, sample_id, payload in zip(slot_list, parsed.ids, parsed.payloads, strict=True):
             self._payload[slot] = payload
             self._slot_of[sample_id] = slot
         self._size += n
@@ -328,9 +338,7 @@ class AsyncSequenceBuffer:
             stored_payload.update(payload)
         has = self._has[slots] | self._presence(parsed.payloads, parsed.same_keys)
         ready = self._readiness(has)
-        newly = ready & ~self._ready[slots] & ~self._read[slots]
-        for c, k in enumerate(newly.sum(0).tolist()):
-            self._available[c] += k
+        self._add_candidates(slots.tolist(), ready & ~self._ready[slots] & ~self._read[slots])
         self._has[slots] = has
         self._ready[slots] = ready
         self._schema.update(new_keys)
@@ -369,14 +377,15 @@ class AsyncSequenceBuffer:
 
     def _oldest(self, c: int, n: int) -> torch.Tensor:
         """The ``n`` oldest slots (birth time, then slot) ready for consumer ``c`` and unread by it, oldest first."""
-        candidates = (self._occupied & self._ready[:, c] & ~self._read[:, c]).nonzero().squeeze(1)
+        candidates = torch.tensor(list(self._candidates[c]), dtype=torch.int64)
         births = self._birth[candidates]
         if candidates.numel() > n:
             # Keep every candidate born no later than the n-th oldest (ties included), then order exactly.
             cutoff = torch.topk(births, n, largest=False).values.max()
             keep = births <= cutoff
             candidates, births = candidates[keep], births[keep]
-        order = torch.sort(births, stable=True).indices[:n]  # stable: ties go by slot (candidates ascend)
+        candidates, by_slot = torch.sort(candidates)
+        order = torch.sort(births[by_slot], stable=True).indices[:n]  # stable: ties go by slot
         return candidates[order]
 
     def _take(self, c: int) -> tuple[torch.Tensor, TensorDict]:
@@ -385,7 +394,7 @@ class AsyncSequenceBuffer:
         payloads = [self._payload[s] for s in slots.tolist()]
         batch = gather(self._ids[slots], payloads, consumer.input_keys, self._schema, self.device)
         self._read[slots, c] = True
-        self._available[c] -= consumer.n_seqs
+        self._candidates[c].difference_update(slots.tolist())
         done = slots[self._read[slots].all(1)]
         if done.numel():
             self._free(done)
@@ -396,6 +405,7 @@ class AsyncSequenceBuffer:
         for slot, sample_id in zip(slots.tolist(), ids, strict=True):
             self._payload[slot] = None
             del self._slot_of[sample_id]
+            heapq.heappush(self._free_slots, slot)
         self._consumed.extend(ids)
         self._occupied[slots] = False
         self._ids[slots] = _EMPTY_ID
@@ -424,7 +434,7 @@ class AsyncSequenceBuffer:
         n = self._consumers[c].n_seqs
         cond = self._condition()
         async with cond:
-            await cond.wait_for(lambda: self._available[c] >= n)
+            await cond.wait_for(lambda: len(self._candidates[c]) >= n)
             return self._take(c)
 
     get_batch_for_rpc = get_batch
@@ -458,8 +468,14 @@ class AsyncSequenceBuffer:
             bool((self._ready[occ] == self._readiness(self._has[occ])).all()), "readiness differs from the keys held"
         )
         require(not bool(self._read[occ].all(1).any()), "an entry read by every consumer was not freed")
-        available = (occ.unsqueeze(1) & self._ready & ~self._read).sum(0).tolist()
-        require(available == self._available, f"available counts {self._available}, state says {available}")
+        for c, name in enumerate(self._by_name):
+            ready = (occ & self._ready[:, c] & ~self._read[:, c]).nonzero().squeeze(1).tolist()
+            require(set(ready) == self._candidates[c], f"the slots ready for '{name}' differ from its candidates")
+        require(sorted(self._free_slots) == empty.nonzero().squeeze(1).tolist(), "free slots differ from empty ones")
+        require(
+            all(self._free_slots[(i - 1) // 2] <= v for i, v in enumerate(self._free_slots) if i),
+            "the free slots are not a heap",
+        )
         for sample_id, slot in self._slot_of.items():
             require(bool(occ[slot]) and int(self._ids[slot]) == sample_id, f"id {sample_id} indexed at slot {slot}")
         for slot in held:
@@ -475,7 +491,22 @@ class AsyncSequenceBuffer:
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
         """Every entry not yet freed (keys, birth, read bits) plus the recovery list, as tensors + JSON values."""
-        return persist.state_of(self)
+        slots = self._occupied.nonzero().squeeze(1)
+        return persist.pack(
+            max_size=self._max_size,
+            consumers=self._consumers_json(),
+            slots=slots,
+            ids=self._ids[slots],
+            birth=self._birth[slots],
+            read=self._read[slots],
+            payloads=[self._payload[s] or {} for s in slots.tolist()],
+            schema=self._schema,
+            last_birth=self._last_birth,
+            consumed=self._consumed,
+        )
+
+    def _consumers_json(self) -> list[list[Any]]:
+        return [[c.name, list(c.input_keys), c.n_seqs] for c in self._consumers]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the whole state by ``state`` (from :meth:`state_dict` of a buffer with the same consumers
@@ -484,13 +515,33 @@ class AsyncSequenceBuffer:
         Raises:
             CheckpointError: the state does not fit this buffer or is inconsistent.
         """
-        persist.restore(self, state)
+        got = persist.unpack(
+            state, max_size=self._max_size, consumers=self._consumers_json(), storing_device=self.storing_device
+        )
+        self._clear()
+        self._schema = got.schema
+        slots = got.slots
+        self._occupied[slots] = True
+        self._ids[slots] = got.ids
+        self._birth[slots] = got.birth
+        self._read[slots] = got.read
+        has = self._presence(got.payloads, False)
+        self._has[slots] = has
+        self._ready[slots] = self._readiness(has)
+        self._add_candidates(slots.tolist(), self._ready[slots] & ~got.read)
+        self._free_slots = (~self._occupied).nonzero().squeeze(1).tolist()  # ascending: a heap
+        for slot, sample_id, payload in zip(slots.tolist(), got.ids.tolist(), got.payloads, strict=True):
+            self._payload[slot] = payload
+            self._slot_of[sample_id] = slot
+        self._size = len(got.payloads)
+        self._last_birth = got.last_birth
+        self._consumed = got.consumed
         if self._size:
             self._wake_soon()
 
     def save(self, path: Any) -> None:
         """Write :meth:`state_dict` to the file ``path``: atomic (temp file, fsync, rename) and crc32-checked."""
-        persist.save_file(self, path)
+        persist.save_file(self.state_dict(), path)
 
     def load(self, path: Any) -> None:
         """Load a file written by :meth:`save` (nothing is unpickled); see :meth:`load_state_dict`."""

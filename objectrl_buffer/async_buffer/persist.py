@@ -14,7 +14,8 @@ import json
 import os
 import struct
 import zlib
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -23,10 +24,7 @@ from objectrl_buffer.async_buffer.samples import KeySpec
 from objectrl_buffer.checkpoint.io import atomic_write, open_regular, readinto_exact
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 
-if TYPE_CHECKING:
-    from objectrl_buffer.async_buffer.buffer import AsyncSequenceBuffer
-
-__all__ = ["state_of", "restore", "save_file", "load_file"]
+__all__ = ["pack", "unpack", "Unpacked", "save_file", "load_file"]
 
 MAGIC = b"objectrl_buffer async_buffer\n"
 FORMAT_VERSION = 1
@@ -34,24 +32,30 @@ _PREFIX = struct.Struct("<QI")  # header length, header crc32
 _MAX_HEADER = 64 << 20
 
 
-def _consumers_json(buf: AsyncSequenceBuffer) -> list[list[Any]]:
-    return [[c.name, list(c.input_keys), c.n_seqs] for c in buf.consumers]
-
-
-def state_of(buf: AsyncSequenceBuffer) -> dict[str, Any]:
-    """``{"header": JSON values, "tensors": name -> CPU tensor}`` of every held entry (slots ascending)."""
-    slots = buf._occupied.nonzero().squeeze(1)
-    payloads = [buf._payload[s] or {} for s in slots.tolist()]
-    keys = sorted(buf._schema)
+def pack(
+    *,
+    max_size: int,
+    consumers: list[list[Any]],
+    slots: torch.Tensor,
+    ids: torch.Tensor,
+    birth: torch.Tensor,
+    read: torch.Tensor,
+    payloads: list[dict[str, torch.Tensor]],
+    schema: dict[str, KeySpec],
+    last_birth: int,
+    consumed: list[int],
+) -> dict[str, Any]:
+    """``{"header": JSON values, "tensors": name -> CPU tensor}``; ``payloads[i]`` is the entry in ``slots[i]``."""
+    keys = sorted(schema)
     tensors: dict[str, torch.Tensor] = {
         "slots": slots.clone(),
-        "ids": buf._ids[slots],
-        "birth": buf._birth[slots],
-        "read": buf._read[slots],
-        "consumed": torch.tensor(buf._consumed, dtype=torch.int64),
+        "ids": ids.clone(),
+        "birth": birth.clone(),
+        "read": read.clone(),
+        "consumed": torch.tensor(consumed, dtype=torch.int64),
     }
     for i, key in enumerate(keys):
-        spec = buf._schema[key]
+        spec = schema[key]
         parts = [p[key].cpu() for p in payloads if key in p]
         tensors[f"key{i}.present"] = torch.tensor([key in p for p in payloads], dtype=torch.bool)
         if spec.ndim == 0:
@@ -63,21 +67,19 @@ def state_of(buf: AsyncSequenceBuffer) -> dict[str, Any]:
     header = {
         "format": "objectrl_buffer.async_buffer",
         "version": FORMAT_VERSION,
-        "max_size": buf.max_size,
-        "consumers": _consumers_json(buf),
+        "max_size": max_size,
+        "consumers": consumers,
         "keys": [
-            [k, str(buf._schema[k].dtype).removeprefix("torch."), buf._schema[k].ndim, list(buf._schema[k].trailing)]
-            for k in keys
+            [k, str(schema[k].dtype).removeprefix("torch."), schema[k].ndim, list(schema[k].trailing)] for k in keys
         ],
         "size": len(payloads),
-        "last_birth": buf._last_birth,
+        "last_birth": last_birth,
     }
     return {"header": header, "tensors": tensors}
 
 
-def save_file(buf: AsyncSequenceBuffer, path: str | os.PathLike[str]) -> None:
-    """Write ``state_of(buf)`` to ``path`` atomically, the header and the tensors each with a crc32."""
-    state = state_of(buf)
+def save_file(state: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write ``state`` (from :func:`pack`) to ``path`` atomically, the header and the tensors each with a crc32."""
     stream = io.BytesIO()
     torch.save(state["tensors"], stream)
     payload = stream.getbuffer()
@@ -178,8 +180,24 @@ def _schema(raw: Any) -> dict[str, KeySpec]:
     return schema
 
 
-def restore(buf: AsyncSequenceBuffer, state: dict[str, Any]) -> None:
-    """Replace ``buf``'s state by ``state``, checked in full first (``buf`` is unchanged on error).
+@dataclass
+class Unpacked:
+    """A checked state: ``payloads[i]`` (on the storing device) goes to ``slots[i]``."""
+
+    slots: torch.Tensor
+    ids: torch.Tensor
+    birth: torch.Tensor
+    read: torch.Tensor
+    payloads: list[dict[str, torch.Tensor]]
+    schema: dict[str, KeySpec]
+    last_birth: int
+    consumed: list[int]
+
+
+def unpack(
+    state: dict[str, Any], *, max_size: int, consumers: list[list[Any]], storing_device: torch.device
+) -> Unpacked:
+    """Check ``state`` in full against a buffer of ``max_size`` and ``consumers``; return what to restore.
 
     Raises:
         CheckpointError: other consumers or ``max_size``, or tensors inconsistent with the header.
@@ -192,28 +210,28 @@ def restore(buf: AsyncSequenceBuffer, state: dict[str, Any]) -> None:
         f"format {header.get('format')!r} version {header.get('version')!r}",
     )
     _require(
-        header.get("max_size") == buf.max_size,
-        f"saved with max_size {header.get('max_size')}, this buffer has max_size {buf.max_size}",
+        header.get("max_size") == max_size,
+        f"saved with max_size {header.get('max_size')}, this buffer has max_size {max_size}",
     )
     _require(
-        header.get("consumers") == _consumers_json(buf),
-        f"saved with consumers {header.get('consumers')}, this buffer has {_consumers_json(buf)}",
+        header.get("consumers") == consumers,
+        f"saved with consumers {header.get('consumers')}, this buffer has {consumers}",
     )
     n, last_birth = header.get("size"), header.get("last_birth")
-    _require(isinstance(n, int) and 0 <= n <= buf.max_size and isinstance(last_birth, int), "size / last_birth")
+    _require(isinstance(n, int) and 0 <= n <= max_size and isinstance(last_birth, int), "size / last_birth")
     assert isinstance(n, int) and isinstance(last_birth, int)
     schema = _schema(header.get("keys"))
     slots = _tensor(tensors, "slots", torch.int64, (n,))
     ids = _tensor(tensors, "ids", torch.int64, (n,))
     birth = _tensor(tensors, "birth", torch.int64, (n,))
-    read = _tensor(tensors, "read", torch.bool, (n, buf.n_consumers))
-    consumed_t = tensors.get("consumed")
+    read = _tensor(tensors, "read", torch.bool, (n, len(consumers)))
+    consumed = tensors.get("consumed")
     _require(
-        isinstance(consumed_t, torch.Tensor) and consumed_t.dtype == torch.int64 and consumed_t.dim() == 1,
+        isinstance(consumed, torch.Tensor) and consumed.dtype == torch.int64 and consumed.dim() == 1,
         "tensor 'consumed' is missing or not int64 [k]",
     )
-    assert isinstance(consumed_t, torch.Tensor)
-    _require(bool(((slots >= 0) & (slots < buf.max_size)).all()) and slots.unique().numel() == n, "slots")
+    assert isinstance(consumed, torch.Tensor)
+    _require(bool(((slots >= 0) & (slots < max_size)).all()) and slots.unique().numel() == n, "slots")
     _require(ids.unique().numel() == n and not bool((ids == -1).any()), "ids are not unique")
     _require(bool((birth <= last_birth).all()), "a birth time is after last_birth")
     _require(not bool(read.all(1).any()) if n else True, "an entry read by every consumer")
@@ -229,21 +247,5 @@ def restore(buf: AsyncSequenceBuffer, state: dict[str, Any]) -> None:
             values = _tensor(tensors, f"key{i}.values", spec.dtype, (int(lengths.sum()), *spec.trailing))
             parts = values.split(lengths.tolist())
         for row, part in zip(present.nonzero().squeeze(1).tolist(), parts, strict=True):
-            payloads[row][key] = part.to(buf.storing_device)
-    # Checked in full: replace the state.
-    buf._clear()
-    buf._schema = schema
-    buf._occupied[slots] = True
-    buf._ids[slots] = ids
-    buf._birth[slots] = birth
-    buf._read[slots] = read
-    has = buf._presence(payloads, False)
-    buf._has[slots] = has
-    buf._ready[slots] = buf._readiness(has)
-    buf._available = (buf._ready[slots] & ~read).sum(0).tolist() if n else [0] * buf.n_consumers
-    for slot, sample_id, payload in zip(slots.tolist(), ids.tolist(), payloads, strict=True):
-        buf._payload[slot] = payload
-        buf._slot_of[sample_id] = slot
-    buf._size = n
-    buf._last_birth = last_birth
-    buf._consumed = consumed_t.tolist()
+            payloads[row][key] = part.to(storing_device)
+    return Unpacked(slots, ids, birth, read, payloads, schema, last_birth, consumed.tolist())

@@ -51,6 +51,8 @@ _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 def _as_id(value: Any, where: str) -> int:
+    if type(value) is int:  # the common case, first: puts are per-sample Python work
+        return value
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.dtype not in _INT_DTYPES:
             raise InvalidArgumentError(f"{where}: 'ids' must be an integer, got a {value.dtype} tensor {value!r}")
@@ -62,6 +64,8 @@ def _as_id(value: Any, where: str) -> int:
 
 def _tensor(value: Any, key: str, where: str, device: torch.device) -> torch.Tensor:
     """``value`` as a tensor on ``device``: a tensor already there is kept as it is (not copied)."""
+    if type(value) is torch.Tensor and value.device == device and not value.requires_grad:
+        return value
     if isinstance(value, torch.Tensor):
         if value.is_nested:
             raise SchemaError(f"{where}: key '{key}' is a nested tensor; give one sample's tensor per mapping")
@@ -143,7 +147,7 @@ def check_schema(payloads: list[dict[str, torch.Tensor]], schema: Mapping[str, K
             spec = schema.get(key) or new.get(key)
             if spec is None:
                 new[key] = KeySpec.of(t)
-            elif t.dtype != spec.dtype or t.dim() != spec.ndim or tuple(t.shape[1:]) != spec.trailing:
+            elif t.dtype != spec.dtype or t.dim() != spec.ndim or (spec.ndim > 1 and t.shape[1:] != spec.trailing):
                 raise SchemaError(
                     f"samples[{i}]: key '{key}' holds {spec.describe()} per sample, got "
                     f"{KeySpec.of(t).describe()} (shape {list(t.shape)})"
