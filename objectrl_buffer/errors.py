@@ -18,6 +18,8 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "CastWarning",
+    "BufferFull",
+    "InconsistentStateError",
 ]
 
 
@@ -62,6 +64,20 @@ class CheckpointError(ReplayBufferError, RuntimeError):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """The checkpoint (its ``.metadata`` file or its data) does not exist."""
+
+
+class BufferFull(ReplayBufferError, RuntimeError):
+    """A put brought more samples than an asynchronous buffer has free slots; nothing of it was stored.
+
+    The message names the batch size, the entries held and the capacity (``max_size``).
+    """
+
+
+class InconsistentStateError(ReplayBufferError, AssertionError):
+    """A buffer's ``check_invariants()`` found two pieces of its state that disagree (a bug: please report it).
+
+    Subclasses ``AssertionError``, what upstream's plain ``assert`` checks raised.
+    """
 
 
 class CastWarning(UserWarning):
