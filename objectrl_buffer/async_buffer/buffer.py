@@ -111,6 +111,15 @@ class AsyncSequenceBuffer:
     def consumers(self) -> tuple[Consumer, ...]:
         return self._consumers
 
+    def ready(self, consumer: Any) -> int:
+        """How many entries ``consumer`` (a :class:`Consumer` or its name) could read now: held, holding its
+        ``input_keys``, not yet read by it. ``get_batch`` returns at once when this is at least ``n_seqs``.
+
+        Raises:
+            ValueError: an unknown consumer.
+        """
+        return len(self._candidates[self._consumer_index(consumer)])
+
     def consumed_ids(self) -> list[int]:
         """Ids of the entries every consumer has read (and that were freed), in the order they were freed.
 

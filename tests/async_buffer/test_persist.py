@@ -51,7 +51,7 @@ def test_round_trip_keeps_slots_read_bits_and_birth_order(tmp_path: Path) -> Non
         out = {}
         for name, n in (("actor_train", 3), ("ref_logp", 4)):
             out[name] = []
-            while len(b._candidates[b._by_name[name]]) >= n:
+            while b.ready(name) >= n:
                 out[name] += (await bounded(b.get_batch(name)))[1]["ids"].tolist()
         return out
 
