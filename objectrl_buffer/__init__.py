@@ -1,7 +1,9 @@
 """objectrl_buffer: a TorchRL-based replay buffer for GPU and CPU, a drop-in for ObjectRL's."""
 
 from objectrl_buffer import errors
+from objectrl_buffer.core.keys import DISCOUNT_KEY, INDEX_KEY, MASK_KEY, RESERVED_KEYS, WEIGHT_KEY
 from objectrl_buffer.core.schema import Field, Schema
+from objectrl_buffer.engine import Engine
 from objectrl_buffer.prioritized.buffer import PrioritizedReplayBuffer
 from objectrl_buffer.prioritized.index import torchrl_per_available
 from objectrl_buffer.replay_buffer import ReplayBuffer
@@ -17,6 +19,12 @@ __all__ = [
     "Schema",
     "Field",
     "errors",
+    "Engine",
+    "INDEX_KEY",
+    "WEIGHT_KEY",
+    "MASK_KEY",
+    "DISCOUNT_KEY",
+    "RESERVED_KEYS",
     "__version__",
 ]
 

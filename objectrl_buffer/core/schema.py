@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from objectrl_buffer.core.keys import INDEX_KEY
 from objectrl_buffer.errors import CastWarning, InvalidArgumentError, SchemaError
 
 __all__ = [
@@ -58,9 +59,6 @@ __all__ = [
 #: A key as tensordict spells it: ``"state"`` at the top level, ``("obs", "pixels")`` when nested.
 Key: TypeAlias = str | tuple[str, ...]
 
-#: Reserved key: samples carry the storage slot of each row under it (as ObjectRL's buffer does);
-#: writes may carry it too (a sample written back) and it is dropped, never stored.
-INDEX_KEY = "index"
 
 _PY_SCALARS = (bool, int, float)
 

@@ -26,14 +26,13 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
+from objectrl_buffer.core.keys import DISCOUNT_KEY, MASK_KEY
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import Key, format_key
 from objectrl_buffer.errors import EmptyBufferError, SchemaError
 
 __all__ = ["TransitionKeys", "StoredRows", "episode_ends", "slice_positions", "pad_slices", "MASK_KEY"]
 
-#: Key of the boolean mask that ``sample_slices(..., pad=True)`` adds: ``True`` on real rows.
-MASK_KEY = "mask"
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class TransitionKeys:
     next_state: Key = "next_state"
     terminated: Key = "terminated"
     truncated: Key | None = "truncated"
-    discount: Key = "discount"
+    discount: Key = DISCOUNT_KEY
 
     @property
     def episode_end(self) -> tuple[Key, ...]:
