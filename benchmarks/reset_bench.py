@@ -29,18 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from workloads import MUJOCO  # run as a script: benchmarks/ is on sys.path
 
 HERE = Path(__file__).resolve().parent
 LIBRARIES = {"objectrl_buffer": "objectrl_buffer", "objectrl": "ObjectRL 0.2.1"}
 PATTERNS = {"same": "same", "ppo": "alternating (PPO: + advantages, returns)"}
+# ObjectRL's PPO rows: the MuJoCo transition of the other workloads plus PPO's three keys
 FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
-    "state": ((17,), torch.float32),
-    "action": ((6,), torch.float32),
-    "reward": ((), torch.float32),
-    "next_state": ((17,), torch.float32),
-    "terminated": ((), torch.float32),
-    "truncated": ((), torch.float32),
-    "step": ((), torch.int64),
+    **MUJOCO,
     "action_logprob": ((), torch.float32),
     "value": ((), torch.float32),
     "next_state_value": ((), torch.float32),

@@ -402,3 +402,13 @@ def deadline(seconds: int) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def saved_wrapped_checkpoint(tmp_path: Path) -> Path:
+    """A full checkpoint at ``<tmp>/ck/run`` of a wrapped buffer (capacity 8, 13 rows added, seed 1)."""
+    (tmp_path / "ck").mkdir(exist_ok=True)
+    rb = ReplayBuffer("cpu", "cpu", 8, seed=1, storage_dir=tmp_path / "storage")
+    fill_rows(rb, 13)
+    rb.save(tmp_path / "ck" / "run", data=True)
+    rb.close()
+    return tmp_path / "ck" / "run"

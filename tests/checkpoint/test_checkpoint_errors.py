@@ -23,18 +23,22 @@ from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.checkpoint import data as checkpoint_data
 from objectrl_buffer.checkpoint.generations import wait_for_cleanup
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
-from tests.support import assert_same, data_folder, edit_manifest, fill_rows, full_snapshot, signed, tree
+from tests.support import (
+    assert_same,
+    data_folder,
+    edit_manifest,
+    fill_rows,
+    full_snapshot,
+    saved_wrapped_checkpoint,
+    signed,
+    tree,
+)
 
 
 @pytest.fixture
 def saved(tmp_path: Path) -> Path:
     """A full checkpoint at ``<tmp>/ck/run`` of a wrapped buffer (capacity 8, 13 rows added)."""
-    (tmp_path / "ck").mkdir()
-    rb = ReplayBuffer("cpu", "cpu", 8, seed=1, storage_dir=tmp_path / "storage")
-    fill_rows(rb, 13)
-    rb.save(tmp_path / "ck" / "run", data=True)
-    rb.close()
-    return tmp_path / "ck" / "run"
+    return saved_wrapped_checkpoint(tmp_path)
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from tests.support import (
     fill_rows,
     full_snapshot,
     replace_manifest,
+    saved_wrapped_checkpoint,
 )
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="FIFOs, O_NOFOLLOW, SIGALRM: Linux")
@@ -37,12 +38,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="FIFOs, O_NOFOLL
 @pytest.fixture
 def saved(tmp_path: Path) -> Path:
     """A full checkpoint at ``<tmp>/ck/run`` (capacity 8, 13 rows added: wrapped)."""
-    (tmp_path / "ck").mkdir()
-    rb = ReplayBuffer("cpu", "cpu", 8, seed=1, storage_dir=tmp_path / "storage")
-    fill_rows(rb, 13)
-    rb.save(tmp_path / "ck" / "run", data=True)
-    rb.close()
-    return tmp_path / "ck" / "run"
+    return saved_wrapped_checkpoint(tmp_path)
 
 
 @pytest.fixture
