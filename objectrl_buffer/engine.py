@@ -108,7 +108,7 @@ class Engine:
             self.add_batch(transition, steps=False)
             return
         fast = self.storage.fast
-        if fast is not None and fast.write_row(transition, ring.pointer):
+        if fast is not None and fast.write_row(transition, ring.pointer, self.cast_warned):
             pointer = ring.pointer + 1
             ring.pointer = pointer if pointer < ring.capacity else 0
             if ring.size < ring.capacity:

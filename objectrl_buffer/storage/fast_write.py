@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Container
 from typing import Any
 
 import numpy as np
@@ -146,8 +147,13 @@ class FastWriter:
             ok = cache[np_dtype] = source is not None and cast_rule(source, dtype) in (SAME, UNCHECKED)
         return ok
 
-    def write_row(self, data: Any, slot: int) -> bool:
-        """Write one transition to ``slot`` if it is a plain input that fits; ``False`` (nothing written) if not."""
+    def write_row(self, data: Any, slot: int, cast_ok: Container[Key] = ()) -> bool:
+        """Write one transition to ``slot`` if it is a plain input that fits; ``False`` (nothing written) if not.
+
+        ``cast_ok``: keys whose one-element tensors may be cast into their 0-d column here, by the rules of
+        a Python number (the checked path has given those keys their ``CastWarning`` already). ObjectRL's
+        DQN stores int64 ``[1]`` policy actions into a float32 ``()`` column on every step.
+        """
         if slot >= self.limit:
             return False
         items = self._items(data, 0)
@@ -159,10 +165,14 @@ class FastWriter:
                 value = items[key]
                 kind = type(value)
                 if kind is torch.Tensor:
-                    if value.dtype is not dtype or value.shape != shape:
+                    if value.dtype is dtype and value.shape == shape:
+                        values.append((array, value.numpy()))  # raises for a tensor that needs grad or not on CPU
+                        continue
+                    if scalar == _NONE or value.numel() != 1 or key not in cast_ok:
                         return False
-                    value = value.numpy()  # raises for a tensor that needs grad or is not on the CPU
-                elif kind is float:
+                    value = value.item()  # then the number rules below decide, as the checked path would
+                    kind = type(value)
+                if kind is float:
                     if scalar != _FLOAT or value > limit or value < -limit:  # numpy would warn, torch raise
                         return False
                 elif kind is int or kind is bool:

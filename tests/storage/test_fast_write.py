@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.errors import InvalidArgumentError, SchemaError
+from objectrl_buffer.errors import CastWarning, InvalidArgumentError, SchemaError
 
 CAP = 7
 
@@ -301,3 +301,24 @@ def test_wide_rows_go_through_pwrite_and_read_back_exactly(tmp_path) -> None:
         single(0, as_tensor=False)
     assert len(os.listdir("/proc/self/fd")) == fds  # the wide columns' files are closed on reset
     rb.close()
+
+
+def test_one_element_tensors_take_the_fast_path_once_their_cast_was_warned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ObjectRL's DQN: float32 () warm-up actions, then int64 [1] policy actions on every step. After the first
+    such write (checked path, CastWarning), the same cast is stored by the fast path, by the same rules."""
+    rb = ReplayBuffer("cpu", "cpu", 8, seed=0)
+    rb.add({"action": torch.tensor(0.5), "step": 0})
+    with pytest.warns(CastWarning, match="action"):
+        rb.add({"action": torch.tensor([3]), "step": 1})
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the checked path was taken")
+
+    monkeypatch.setattr(rb.engine.storage.schema, "check", refuse)
+    rb.add({"action": torch.tensor([7]), "step": 2})  # fast path now
+    rb.add({"action": torch.tensor([True]), "step": 3})  # bool -> float32: lossless
+    assert rb.sample_all()["action"].tolist() == [0.5, 3.0, 7.0, 1.0]
+    for value in (torch.tensor([2**25 + 1]), torch.tensor([1.5], dtype=torch.float64).to(torch.complex64)):
+        with pytest.raises(AssertionError, match="checked path"):  # not exact / not real: the checked path decides
+            rb.add({"action": value, "step": 4})
+    assert len(rb) == 4
