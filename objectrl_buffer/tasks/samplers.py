@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
-from tensordict import NonTensorStack, TensorDict
+from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from objectrl_buffer.core.seeding import derived_seed
 from objectrl_buffer.core.validate import positive_int
@@ -101,7 +101,12 @@ def _column(values: list[Any]) -> Any:
         isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype for v in values
     ):
         return torch.stack(values)
-    return NonTensorStack.from_list(values)
+    return _non_tensor(values)
+
+
+def _non_tensor(values: list[Any]) -> NonTensorStack:
+    """One entry per row, whatever each holds (``from_list`` would split a list value into a new dimension)."""
+    return NonTensorStack(*(NonTensorData(v) for v in values), batch_size=[len(values)])
 
 
 class TensorDictConverter(Converter):
@@ -134,7 +139,7 @@ class TensorDictConverter(Converter):
         for name in ("reward_t", "adv_t", "v_t"):
             out[name] = torch.tensor([real(getattr(d, name)) for d in data], dtype=torch.float32)
         for name in META_STRINGS:
-            out[name] = NonTensorStack.from_list([getattr(m, name) for m in metas])
+            out[name] = _non_tensor([getattr(m, name) for m in metas])
         for name in ("state", "actions", "messages"):
             out[name] = _column([getattr(d, name) for d in data])
         return TensorDict(out, batch_size=[len(rows)]).to(self.device)
