@@ -66,6 +66,14 @@ class RandomTaskSample(TaskSampler):
     def __init__(self, seed: int | None = None) -> None:
         self.generator = torch.Generator().manual_seed(derived_seed() if seed is None else int(seed))
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the generator's state as plain bytes: a tensor would travel to a spawned child through shared memory
+        return {"state": bytes(self.generator.get_state().numpy().tobytes())}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.generator = torch.Generator()
+        self.generator.set_state(torch.frombuffer(bytearray(state["state"]), dtype=torch.uint8))
+
     def sample_task_ids(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition | None = None
     ) -> list[str]:
