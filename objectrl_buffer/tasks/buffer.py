@@ -101,7 +101,8 @@ class TaskReplayBuffer:
         storage = self._table_storage("load")
         table, _ = load_table(path)
         if table.n > storage.max_capacity:
+            where, cap = os.fspath(path), storage.max_capacity
             raise InvalidArgumentError(
-                f"the checkpoint at '{os.fspath(path)}' holds {table.n} rows, more than max_capacity={storage.max_capacity}"
+                f"the checkpoint at '{where}' holds {table.n} rows, more than max_capacity={cap}"
             )
         storage.replace_table(table)

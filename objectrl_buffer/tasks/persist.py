@@ -8,6 +8,7 @@ Loading is JSON and raw bytes only (no pickle).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -47,10 +48,12 @@ def save_table(table: TaskTable, path: str | os.PathLike[str], max_capacity: int
     described = {}
     for kind, payload in files.items():
         name = f"{kind}.{token}.bin"
-        atomic_write(os.path.join(folder, name), lambda f, p=payload: _write(f, p))
+        atomic_write(os.path.join(folder, name), functools.partial(_write, payload=payload))
         described[kind] = {"name": name, "bytes": len(payload), "crc32": zlib.crc32(payload)}
     manifest = {"format": FORMAT, "rows": len(blobs), "max_capacity": max_capacity, "files": described}
-    atomic_write(os.path.join(folder, MANIFEST), lambda f: _write(f, json.dumps(manifest, indent=1).encode()))
+    atomic_write(
+        os.path.join(folder, MANIFEST), functools.partial(_write, payload=json.dumps(manifest, indent=1).encode())
+    )
     keep = {d["name"] for d in described.values()} | {MANIFEST}
     for old in os.listdir(folder):
         if old.endswith(".bin") and old not in keep and old.split(".")[0] in files:

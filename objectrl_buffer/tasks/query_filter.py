@@ -13,7 +13,7 @@ import math
 import numbers
 import re
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, Protocol, TypedDict, Union
+from typing import Any, Literal, Protocol, TypedDict
 
 import torch
 
@@ -36,7 +36,7 @@ class LogicalCondition(TypedDict, total=False):
     or_: list[Any]
 
 
-QueryCondition = Union[BaseCondition, LogicalCondition, dict[str, Any]]
+QueryCondition = BaseCondition | LogicalCondition | dict[str, Any]
 
 
 class QueryBuilder:
@@ -99,7 +99,7 @@ class QueryBuilder:
 
     def nested(self, builder: QueryBuilder) -> QueryBuilder:
         """Add ``builder``'s query as one parenthesised operand (built now: a malformed one raises here)."""
-        self.conditions.append(builder.build())
+        self.conditions.append(dict(builder.build()))
         return self
 
     def build(self) -> QueryCondition:
@@ -107,7 +107,7 @@ class QueryBuilder:
         if len(self.logical_ops) != len(self.conditions) - 1:
             raise ValueError("Mismatch between condition and operator counts")
         result: dict[str, Any] = self.conditions[0]
-        for op, right in zip(self.logical_ops, self.conditions[1:]):
+        for op, right in zip(self.logical_ops, self.conditions[1:], strict=False):
             result = {op: [result, right]}
         return result
 
@@ -116,7 +116,8 @@ class Columns(Protocol):
     """What a query runs on: ``n`` rows, an int64 code column + vocabulary per string field, a float64 column
     (NaN = missing) per numeric field; every column ``[n]`` on CPU."""
 
-    n: int
+    @property
+    def n(self) -> int: ...
 
     def string_column(self, name: str) -> tuple[torch.Tensor, Vocab]: ...
 

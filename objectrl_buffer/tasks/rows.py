@@ -173,7 +173,7 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
     if not isinstance(row_id, str):
         raise TypeError(f"DataRow.id must be a str, got {type(row_id).__name__}")
     stored = DataRow(
-        ExpMeta(strings[0], strings[1], strings[2], step, when, strings[3]),
+        ExpMeta(strings[0], strings[1], strings[2], step, when, strings[3]),  # type: ignore[arg-type]
         Experience(payload["state"], payload["actions"], **rewards, messages=payload["messages"]),
         row_id,
     )

@@ -61,8 +61,11 @@ class TaskTable:
         """
         stored, values = self.prepare(rows)
         plan = plan_store(self.counts, [r.exp_meta.task_id for r in stored], capacity)
-        self.remove_tasks(plan.evicted)
-        self.append([r for r, k in zip(stored, plan.keep) if k], [v for v, k in zip(values, plan.keep) if k])
+        self.remove_tasks([str(t) for t in plan.evicted])
+        self.append(
+            [r for r, k in zip(stored, plan.keep, strict=False) if k],
+            [v for v, k in zip(values, plan.keep, strict=False) if k],
+        )
         self.counts = plan.after
 
     def append(self, rows: list[DataRow], values: list[tuple[object, ...]]) -> None:
@@ -124,11 +127,11 @@ class TaskTable:
     def matching_task_ids(self, query: QueryCondition | None) -> list[str]:
         """task_ids with at least one row matching ``query``, in FIFO order (first insertion)."""
         if not query:
-            return list(self.counts.rows)
+            return [str(t) for t in self.counts.rows]
         codes = self.string_column("task_id")[0][self.mask(query)]
         hit = set(torch.unique(codes).tolist())
         vocab = self.vocabs["task_id"]
-        return [t for t in self.counts.rows if vocab.find(t) in hit]
+        return [str(t) for t in self.counts.rows if vocab.find(t) in hit]
 
     def by_task_ids(self, task_ids: Sequence[str]) -> dict[str, list[DataRow]]:
         """``{task_id: its rows in insertion order}`` for each held task of ``task_ids`` (one pass)."""
@@ -139,6 +142,6 @@ class TaskTable:
             return out
         column = self.string_column("task_id")[0]
         index = torch.isin(column, torch.tensor(list(wanted), dtype=torch.int64)).nonzero().squeeze(1)
-        for i, c in zip(index.tolist(), column[index].tolist()):
+        for i, c in zip(index.tolist(), column[index].tolist(), strict=False):
             out[wanted[c]].append(self.rows[i])
         return out

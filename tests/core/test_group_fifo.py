@@ -20,12 +20,12 @@ def test_plan_matches_a_row_by_row_model() -> None:
         ids = list(range(next_id, next_id + len(groups)))
         next_id += len(groups)
         plan = plan_store(counts, groups, 8)
-        for g, i in zip(groups, ids):
+        for g, i in zip(groups, ids, strict=False):
             while len(model) >= 8:
                 oldest = next(h for h, _ in model if h != g)
                 model = [(h, j) for h, j in model if h != oldest]
             model.append((g, i))
-        kept = [i for i, k in zip(ids, plan.keep) if k]
+        kept = [i for i, k in zip(ids, plan.keep, strict=False) if k]
         assert kept == [i for _, i in model if i >= ids[0]]
         counts = plan.after
         assert counts.total == len(model) <= 8

@@ -140,7 +140,7 @@ def test_capacity_holds_after_every_store_against_a_model() -> None:
 def test_a_task_larger_than_the_capacity_stores_nothing() -> None:
     rb = TaskReplayBuffer(InMemoryStorage(max_capacity=3))
     rb.store(row("a", 0))
-    with pytest.raises(InvalidArgumentError, match="'b'.*max_capacity=3"):
+    with pytest.raises(InvalidArgumentError, match=r"'b'.*max_capacity=3"):
         rb.store_batch([row("b", i) for i in range(4)])
     assert [r.exp_meta.task_id for r in rb.storage.get_all()] == ["a"]
 

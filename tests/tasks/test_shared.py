@@ -16,7 +16,6 @@ from objectrl_buffer.tasks import MultiProcMemoryStorage, QueryBuilder, SharedTa
 from tests.support import deadline
 from tests.tasks.workers import consistent, read_while_writing, step_row, store_forever, write_tasks
 
-
 SLOW = pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="set RUN_SLOW=1")
 
 
@@ -28,7 +27,8 @@ def _context(method: str) -> multiprocessing.context.BaseContext:
 
 
 @pytest.mark.parametrize(
-    "method", ["forkserver", pytest.param("spawn", marks=[pytest.mark.slow, SLOW])]  # spawn: 5 torch imports, ~10-20 s
+    "method",
+    ["forkserver", pytest.param("spawn", marks=[pytest.mark.slow, SLOW])],  # spawn: 5 torch imports, ~10-20 s
 )
 def test_four_writers_and_a_reader(tmp_path: Path, method: str) -> None:
     ctx = _context(method)

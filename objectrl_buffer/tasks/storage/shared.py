@@ -19,6 +19,7 @@ ever stored; a fresh folder, or ``save``/``load``, starts compact).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -122,10 +123,8 @@ class SharedTaskStorage(TableStorage):
     def close(self) -> None:
         """Close this process's file descriptors (the rows stay in the folder)."""
         for fd in (self._data_fd, self._index_fd):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
     # -- reading the commit records --
     def _records(self, start: int) -> list[tuple[int, int, int, int, int, int]]:
@@ -234,14 +233,14 @@ class SharedTaskStorage(TableStorage):
         if not stored:
             return
         keys = [task_hash(r.exp_meta.task_id) for r in stored]
-        names = {k: r.exp_meta.task_id for k, r in zip(keys, stored)}
+        names = {k: r.exp_meta.task_id for k, r in zip(keys, stored, strict=False)}
         encoded = [encode_row(r) for r in stored]  # before the lock: the lock is held only to append
         with lock_file(self._file("lock")):
             self._catch_up()
-            plan = plan_store(self._w_counts, keys, self.max_capacity, name=lambda k: repr(names.get(k, k)))
+            plan = plan_store(self._w_counts, keys, self.max_capacity, name=lambda k: repr(names.get(k, k)))  # type: ignore[call-overload]
             entries: list[tuple[int, int, bytes]]
-            entries = [(_EVICT, key, b"") for key in plan.evicted]
-            entries += [(_ROW, k, p) for k, p, keep in zip(keys, encoded, plan.keep) if keep]
+            entries = [(_EVICT, int(key), b"") for key in plan.evicted]  # type: ignore[call-overload]
+            entries += [(_ROW, k, p) for k, p, keep in zip(keys, encoded, plan.keep, strict=False) if keep]
             self._append(entries)
             self._w_counts = plan.after
 
@@ -254,7 +253,7 @@ class SharedTaskStorage(TableStorage):
         if table.n > self.max_capacity:
             raise InvalidArgumentError(f"{table.n} rows do not fit max_capacity={self.max_capacity}")
         keys = [task_hash(r.exp_meta.task_id) for r in table.rows]
-        entries = [(_CLEAR, 0, b""), *((_ROW, k, encode_row(r)) for k, r in zip(keys, table.rows))]
+        entries = [(_CLEAR, 0, b""), *((_ROW, k, encode_row(r)) for k, r in zip(keys, table.rows, strict=False))]
         with lock_file(self._file("lock")):
             self._catch_up()
             self._append(entries)
