@@ -49,7 +49,7 @@ def wheel_folder(cache_dir: str = DEFAULT_CACHE, download: bool = True) -> Path:
 def _stub(name: str, **attrs: Any) -> None:
     module = sys.modules.get(name) or types.ModuleType(name)
     module.__dict__.update(attrs)
-    module.__path__ = []  # type: ignore[attr-defined]
+    module.__path__ = []
     sys.modules[name] = module
 
 
