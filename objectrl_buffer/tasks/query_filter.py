@@ -179,7 +179,7 @@ def _string_leaf(op: str, field: str, value: Any, columns: Columns) -> torch.Ten
     if op in ("eq", "ne", "in", "not_in"):
         wanted = [value] if op in ("eq", "ne") else _collection(value, op, field)
         found = [c for c in map(vocab.find, wanted) if c is not None]
-        hit = torch.isin(codes, torch.tensor(found, dtype=torch.int64))
+        hit = codes == found[0] if len(found) == 1 else torch.isin(codes, torch.tensor(found, dtype=torch.int64))
         return hit if op in ("eq", "in") else ~hit
     if not isinstance(value, str):
         raise QueryError(f"'{op}' on {field!r} needs a str pattern, got {type(value).__name__}")
@@ -199,7 +199,7 @@ def _number_leaf(op: str, field: str, value: Any, columns: Columns) -> torch.Ten
         raise QueryError(f"'{op}' needs a string field; {field!r} is numeric")
     wanted = [value] if op in ("eq", "ne") else _collection(value, op, field)
     reals = [float(v) for v in wanted if _is_number(v) and not math.isnan(v)]
-    hit = torch.isin(column, torch.tensor(reals, dtype=torch.float64))
+    hit = column == reals[0] if len(reals) == 1 else torch.isin(column, torch.tensor(reals, dtype=torch.float64))
     if any(v is None for v in wanted):
         hit |= torch.isnan(column)
     return hit if op in ("eq", "in") else ~hit

@@ -37,6 +37,7 @@ NUMERIC = ("step", "execute_time", "reward_t", "adv_t", "v_t")
 """Fields held as float64 columns (NaN for None): the meta numbers, then the scalar rewards of ``exp_data``."""
 _DATA_NUMERIC = ("reward_t", "adv_t", "v_t")
 _MAX_DEPTH = 64
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 _TENSOR, _DICT = "$tensor", "$dict"  # markers in the encoded JSON; a user dict holding one is wrapped in $dict
 
 
@@ -95,6 +96,13 @@ def json_form(value: Any, where: str, depth: int = 0) -> Any:
     Dataclasses become dicts of their fields, objects with ``model_dump()`` (pydantic) or ``to_dict()`` the
     JSON form of what those return; tuples become lists. Raises ``TypeError`` naming ``where`` otherwise.
     """
+    kind = type(value)
+    if kind in _PLAIN:  # the common case first: exact types, no ABC checks (stores are per row)
+        return value
+    if kind is dict and depth < _MAX_DEPTH and all(type(k) is str for k in value):
+        return {k: json_form(v, where + "." + k, depth + 1) for k, v in value.items()}
+    if kind is list and depth < _MAX_DEPTH:
+        return [json_form(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     if depth > _MAX_DEPTH:
@@ -130,6 +138,10 @@ def json_form(value: Any, where: str, depth: int = 0) -> Any:
 
 def _scalar(value: Any) -> float | None:
     """The float of a real scalar (number, NumPy scalar, one-element real tensor), else None."""
+    if type(value) in (float, int):
+        return float(value)
+    if value is None:
+        return None
     if isinstance(value, numbers.Real):
         return float(value)
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
@@ -144,6 +156,8 @@ def _meta_string(value: Any, name: str, required: bool) -> str | None:
 
 
 def _meta_number(value: Any, name: str) -> Any:
+    if type(value) in (int, float):
+        return value
     if value is None or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
         return value.item() if isinstance(value, np.generic) else value
     raise TypeError(f"exp_meta.{name} must be a real number or None, got {type(value).__name__}")

@@ -17,15 +17,15 @@ __all__ = ["TaskTable"]
 
 
 class TaskTable:
-    """Rows in insertion order: ``rows[i]`` with ``codes[i]`` (int64 ``[4]``: task_id, task_name, agent_id,
-    pre_agent codes, -1 for None) and ``numbers[i]`` (float64 ``[5]``: step, execute_time, reward_t, adv_t,
-    v_t, NaN for None), CPU. ``counts`` holds rows per task_id in order of first insertion (FIFO order)."""
+    """Rows in insertion order: ``rows[i]`` with ``codes[:, i]`` (int64 ``[4]``: task_id, task_name, agent_id,
+    pre_agent codes, -1 for None) and ``numbers[:, i]`` (float64 ``[5]``: step, execute_time, reward_t, adv_t,
+    v_t, NaN for None), CPU. Field-major, so each query column is one contiguous run. ``counts`` holds rows per task_id in order of first insertion (FIFO order)."""
 
     def __init__(self) -> None:
         self.vocabs = {name: Vocab() for name in META_STRINGS}
         self.rows: list[DataRow] = []
-        self._codes = torch.empty((0, len(META_STRINGS)), dtype=torch.int64)
-        self._numbers = torch.empty((0, len(NUMERIC)), dtype=torch.float64)
+        self._codes = torch.empty((len(META_STRINGS), 0), dtype=torch.int64)
+        self._numbers = torch.empty((len(NUMERIC), 0), dtype=torch.float64)
         self.counts = GroupCounts()
 
     @property
@@ -34,10 +34,10 @@ class TaskTable:
 
     # -- the Columns protocol of query_filter --
     def string_column(self, name: str) -> tuple[torch.Tensor, Vocab]:
-        return self._codes[: self.n, META_STRINGS.index(name)], self.vocabs[name]
+        return self._codes[META_STRINGS.index(name), : self.n], self.vocabs[name]
 
     def number_column(self, name: str) -> torch.Tensor:
-        return self._numbers[: self.n, NUMERIC.index(name)]
+        return self._numbers[NUMERIC.index(name), : self.n]
 
     def mask(self, query: QueryCondition | None) -> torch.Tensor:
         """bool ``[n]``: rows matching ``query`` (QueryError for a malformed one)."""
@@ -78,8 +78,8 @@ class TaskTable:
         numbers = torch.tensor([v[width:] for v in values], dtype=torch.float64).reshape(-1, len(NUMERIC))
         self._grow(self.n + len(rows))
         start = self.n
-        self._codes[start : start + len(rows)] = codes
-        self._numbers[start : start + len(rows)] = numbers
+        self._codes[:, start : start + len(rows)] = codes.T
+        self._numbers[:, start : start + len(rows)] = numbers.T
         self.rows.extend(rows)
 
     def note_appended(self, task_ids: list[str]) -> None:
@@ -89,13 +89,13 @@ class TaskTable:
         self.counts.total += len(task_ids)
 
     def _grow(self, needed: int) -> None:
-        if needed <= self._codes.shape[0]:
+        if needed <= self._codes.shape[1]:
             return
-        size = max(needed, 2 * self._codes.shape[0], 1024)
-        codes = torch.empty((size, self._codes.shape[1]), dtype=torch.int64)
-        numbers = torch.empty((size, self._numbers.shape[1]), dtype=torch.float64)
-        codes[: self.n] = self._codes[: self.n]
-        numbers[: self.n] = self._numbers[: self.n]
+        size = max(needed, 2 * self._codes.shape[1], 1024)
+        codes = torch.empty((self._codes.shape[0], size), dtype=torch.int64)
+        numbers = torch.empty((self._numbers.shape[0], size), dtype=torch.float64)
+        codes[:, : self.n] = self._codes[:, : self.n]
+        numbers[:, : self.n] = self._numbers[:, : self.n]
         self._codes, self._numbers = codes, numbers
 
     def remove_tasks(self, task_ids: Sequence[str]) -> None:
@@ -108,8 +108,8 @@ class TaskTable:
         keep = ~torch.isin(self.string_column("task_id")[0], torch.tensor(found, dtype=torch.int64))
         index = keep.nonzero().squeeze(1)
         n = index.numel()
-        self._codes[:n] = self._codes[index]
-        self._numbers[:n] = self._numbers[index]
+        self._codes[:, :n] = self._codes[:, index]
+        self._numbers[:, :n] = self._numbers[:, index]
         self.rows = [self.rows[i] for i in index.tolist()]
 
     def clear(self) -> None:
