@@ -19,7 +19,8 @@ __all__ = ["TaskTable"]
 class TaskTable:
     """Rows in insertion order: ``rows[i]`` with ``codes[:, i]`` (int64 ``[4]``: task_id, task_name, agent_id,
     pre_agent codes, -1 for None) and ``numbers[:, i]`` (float64 ``[5]``: step, execute_time, reward_t, adv_t,
-    v_t, NaN for None), CPU. Field-major, so each query column is one contiguous run. ``counts`` holds rows per task_id in order of first insertion (FIFO order)."""
+    v_t, NaN for None), CPU. Field-major, so each query column is one contiguous run.
+    ``counts`` holds rows per task_id in order of first insertion (FIFO order)."""
 
     def __init__(self) -> None:
         self.vocabs = {name: Vocab() for name in META_STRINGS}
