@@ -100,7 +100,9 @@ def main() -> None:
     parser.add_argument("--upstream-store-rows", type=int, default=20_000)
     parser.add_argument("--upstream-writer-rows", type=int, default=100, help="rows per upstream writer process")
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (upstream is single-threaded Python)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     mods = load(args.cache_dir)
     base = mods["base"]
     table: list[tuple[str, str, float, float]] = []  # workload, unit, ours, upstream

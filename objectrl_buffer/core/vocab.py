@@ -61,6 +61,16 @@ class Vocab:
         assert callable(predicate)
         return torch.tensor([i for i, s in enumerate(self._strings) if predicate(s)], dtype=torch.int64)
 
+    def member_mask(self, column: torch.Tensor, codes: list[int]) -> torch.Tensor:
+        """bool like ``column`` (int64 codes of this vocabulary, -1 for None): which entries are in ``codes``.
+
+        A lookup table over the vocabulary gathered by the column: one pass over the rows whatever the number
+        of ``codes`` (``torch.isin`` compares every row with every code, or sorts)."""
+        table = torch.zeros(len(self._strings) + 1, dtype=torch.bool)  # slot 0 is NULL
+        if codes:
+            table[torch.tensor(codes, dtype=torch.int64) + 1] = True
+        return table[column + 1]
+
     @property
     def strings(self) -> list[str]:
         """Every string, in code order (a copy): ``Vocab(v.strings)`` rebuilds the same codes."""

@@ -179,12 +179,11 @@ def _string_leaf(op: str, field: str, value: Any, columns: Columns) -> torch.Ten
     if op in ("eq", "ne", "in", "not_in"):
         wanted = [value] if op in ("eq", "ne") else _collection(value, op, field)
         found = [c for c in map(vocab.find, wanted) if c is not None]
-        hit = codes == found[0] if len(found) == 1 else torch.isin(codes, torch.tensor(found, dtype=torch.int64))
+        hit = codes == found[0] if len(found) == 1 else vocab.member_mask(codes, found)
         return hit if op in ("eq", "in") else ~hit
     if not isinstance(value, str):
         raise QueryError(f"'{op}' on {field!r} needs a str pattern, got {type(value).__name__}")
-    matches = vocab.codes_where(like_matcher(value))
-    hit = torch.isin(codes, matches)
+    hit = vocab.member_mask(codes, vocab.codes_where(like_matcher(value)).tolist())
     return hit if op == "like" else (~hit & (codes >= 0))
 
 

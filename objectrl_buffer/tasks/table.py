@@ -106,7 +106,7 @@ class TaskTable:
             self.counts.total -= self.counts.rows.pop(t, 0)
         if not found:
             return
-        keep = ~torch.isin(self.string_column("task_id")[0], torch.tensor(found, dtype=torch.int64))
+        keep = ~self.vocabs["task_id"].member_mask(self.string_column("task_id")[0], found)
         index = keep.nonzero().squeeze(1)
         n = index.numel()
         self._codes[:, :n] = self._codes[:, index]
@@ -142,7 +142,7 @@ class TaskTable:
         if not wanted:
             return out
         column = self.string_column("task_id")[0]
-        index = torch.isin(column, torch.tensor(list(wanted), dtype=torch.int64)).nonzero().squeeze(1)
+        index = vocab.member_mask(column, list(wanted)).nonzero().squeeze(1)
         for i, c in zip(index.tolist(), column[index].tolist(), strict=False):
             out[wanted[c]].append(self.rows[i])
         return out

@@ -19,3 +19,13 @@ def test_codes_lookup_and_rebuild() -> None:
         Vocab(["a", "a"])
     with pytest.raises(TypeError):
         Vocab([1])  # type: ignore[list-item]
+
+
+def test_member_mask_equals_isin() -> None:
+    import torch
+
+    v = Vocab(["a", "b", "c"])
+    column = torch.tensor([0, -1, 2, 1, 2, -1])
+    assert v.member_mask(column, [2, -1]).tolist() == [False, True, True, False, True, True]
+    assert v.member_mask(column, []).tolist() == [False] * 6
+    assert v.member_mask(column, [0, 1]).tolist() == torch.isin(column, torch.tensor([0, 1])).tolist()
