@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.aworld_upstream import DEFAULT_CACHE, load
