@@ -20,6 +20,7 @@ __all__ = [
     "CastWarning",
     "BufferFull",
     "InconsistentStateError",
+    "QueryError",
 ]
 
 
@@ -84,3 +85,8 @@ class CastWarning(UserWarning):
     """A tensor was stored in a column of another dtype or per-row shape (a lossless cast or a reshape
     over size-1 dimensions). Issued once per key per buffer; NumPy values and Python numbers, which
     never carry a column's exact type, are cast without it."""
+
+
+class QueryError(ReplayBufferError, ValueError):
+    """A task-buffer query cannot be run: an unknown operator or field, ordering a string field, an ``in_``
+    value that is not a collection, a ``like`` pattern that is not a string. The message names it."""

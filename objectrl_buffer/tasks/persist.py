@@ -1,0 +1,124 @@
+"""Checkpoints of a task table: a folder with the encoded rows, their lengths, the vocabularies and a JSON
+manifest (crc32 and size of each file) written last, every file through ``checkpoint.io.atomic_write``.
+
+Files carry a fresh token in their names, so a save over an old checkpoint never touches the files the old
+manifest names: a crash leaves the old checkpoint or the new one, and superseded files go after the swap.
+Loading is JSON and raw bytes only (no pickle).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import secrets
+import zlib
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from objectrl_buffer.checkpoint.io import atomic_write, open_regular, read_small_file, readinto_exact
+from objectrl_buffer.core.vocab import Vocab
+from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
+
+from .rows import META_STRINGS, decode_row, encode_row, normalize_row
+from .table import TaskTable
+
+__all__ = ["save_table", "load_table"]
+
+FORMAT = "objectrl_buffer.tasks.checkpoint/1"
+MANIFEST = "manifest.json"
+_MANIFEST_LIMIT = 1 << 20
+
+
+def save_table(table: TaskTable, path: str | os.PathLike[str], max_capacity: int) -> None:
+    """Write ``table`` (rows in order, so FIFO order too, and its vocabularies) to the folder ``path``."""
+    folder = os.fspath(path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create checkpoint folder '{folder}': {exc.strerror or exc}") from exc
+    token = secrets.token_hex(4)
+    blobs = [encode_row(r) for r in table.rows]
+    files = {
+        "rows": b"".join(blobs),
+        "lengths": np.array([len(b) for b in blobs], dtype="<i8").tobytes(),
+        "vocab": json.dumps({n: table.vocabs[n].strings for n in META_STRINGS}).encode(),
+    }
+    described = {}
+    for kind, payload in files.items():
+        name = f"{kind}.{token}.bin"
+        atomic_write(os.path.join(folder, name), functools.partial(_write, payload=payload))
+        described[kind] = {"name": name, "bytes": len(payload), "crc32": zlib.crc32(payload)}
+    manifest = {"format": FORMAT, "rows": len(blobs), "max_capacity": max_capacity, "files": described}
+    atomic_write(
+        os.path.join(folder, MANIFEST), functools.partial(_write, payload=json.dumps(manifest, indent=1).encode())
+    )
+    keep = {d["name"] for d in described.values()} | {MANIFEST}
+    for old in os.listdir(folder):
+        if old.endswith(".bin") and old not in keep and old.split(".")[0] in files:
+            os.unlink(os.path.join(folder, old))
+
+
+def _write(f: BinaryIO, payload: bytes) -> None:
+    f.write(payload)
+
+
+def _read(folder: str, entry: Any) -> bytes:
+    if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("bytes"), int)):
+        raise CheckpointError(f"'{folder}/{MANIFEST}' describes a file badly: {entry!r}")
+    name = entry["name"]
+    path = os.path.join(folder, name)
+    if os.path.basename(name) != name:
+        raise CheckpointError(f"'{folder}/{MANIFEST}' names a file outside the checkpoint: {name!r}")
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"checkpoint file '{path}' is missing") from None
+    try:
+        if os.fstat(fd).st_size != entry["bytes"]:
+            raise CheckpointError(f"'{path}' holds {os.fstat(fd).st_size} bytes, its manifest says {entry['bytes']}")
+        payload = bytearray(entry["bytes"])
+        with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
+            readinto_exact(f, memoryview(payload), path)
+    finally:
+        os.close(fd)
+    if zlib.crc32(payload) != entry.get("crc32"):
+        raise CheckpointError(f"'{path}' does not match its crc32: the file is corrupt")
+    return bytes(payload)
+
+
+def load_table(path: str | os.PathLike[str]) -> tuple[TaskTable, int]:
+    """The table saved at ``path`` and the capacity it was saved with (every file verified first)."""
+    folder = os.fspath(path)
+    where = os.path.join(folder, MANIFEST)
+    try:
+        manifest = json.loads(read_small_file(where, _MANIFEST_LIMIT))
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"no task buffer checkpoint at '{folder}' ({MANIFEST} is missing)") from None
+    except ValueError as exc:
+        raise CheckpointError(f"'{where}' is not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"'{where}' is not a task buffer checkpoint (format {FORMAT})")
+    files = manifest.get("files", {})
+    rows, lengths, vocab = (_read(folder, files.get(k)) for k in ("rows", "lengths", "vocab"))
+    try:
+        sizes = np.frombuffer(lengths, dtype="<i8")
+        vocabs = json.loads(vocab)
+        if len(sizes) != manifest["rows"] or int(sizes.sum()) != len(rows) or (sizes < 0).any():
+            raise ValueError("row lengths do not add up to the rows file")
+        table = TaskTable()
+        table.vocabs = {n: Vocab(vocabs[n]) for n in META_STRINGS}
+        decoded, values = [], []
+        offset = 0
+        view = memoryview(rows)
+        for size in sizes.tolist():
+            row, value = normalize_row(decode_row(view[offset : offset + size]))
+            decoded.append(row)
+            values.append(value)
+            offset += size
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint '{folder}' is malformed: {exc}") from exc
+    table.append(decoded, values)
+    table.note_appended([r.exp_meta.task_id for r in decoded])
+    return table, int(manifest["max_capacity"])

@@ -1,0 +1,259 @@
+"""The rows of a task buffer (AWorld's ``ExpMeta``/``Experience``/``DataRow``) and how their payloads are kept.
+
+A stored row is *normalised* first: its meta fields are checked (they feed the tensor query columns), and its
+payload (state, actions, messages, non-scalar rewards) is turned into its JSON form with tensors kept as
+tensors. That form is what comes back, and what :func:`encode_row` writes as bytes (JSON + raw tensor
+bytes, never pickle) for other processes and checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+import struct
+import uuid
+from dataclasses import InitVar, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "ExpMeta",
+    "Experience",
+    "DataRow",
+    "META_STRINGS",
+    "NUMERIC",
+    "normalize_row",
+    "encode_row",
+    "decode_row",
+]
+
+META_STRINGS = ("task_id", "task_name", "agent_id", "pre_agent")
+"""Meta fields held as interned string codes (int64 columns, -1 for None)."""
+NUMERIC = ("step", "execute_time", "reward_t", "adv_t", "v_t")
+"""Fields held as float64 columns (NaN for None): the meta numbers, then the scalar rewards of ``exp_data``."""
+_DATA_NUMERIC = ("reward_t", "adv_t", "v_t")
+_MAX_DEPTH = 64
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+_TENSOR, _DICT = "$tensor", "$dict"  # markers in the encoded JSON; a user dict holding one is wrapped in $dict
+
+
+@dataclass
+class ExpMeta:
+    """Where a row comes from: its task, agent and step. ``pre_agent`` (the agent that handed over) is optional."""
+
+    task_id: str
+    task_name: str
+    agent_id: str
+    step: int
+    execute_time: float
+    pre_agent: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass
+class Experience:
+    """What an agent saw and did at one step. ``Experience(action=a)`` means ``actions=[a]`` (AWorld's README)."""
+
+    state: Any = None
+    actions: Any = None
+    reward_t: Any = None
+    adv_t: Any = None
+    v_t: Any = None
+    messages: Any = None
+    action: InitVar[Any] = field(default=None, kw_only=True)
+
+    def __post_init__(self, action: Any) -> None:
+        if action is not None:
+            if self.actions is not None:
+                raise TypeError("Experience takes actions= or action=, not both")
+            self.actions = [action]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: json_form(getattr(self, f.name), f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass
+class DataRow:
+    """One stored step: ``exp_meta`` (queried as tensor columns), ``exp_data`` (the payload) and a row ``id``."""
+
+    exp_meta: ExpMeta
+    exp_data: Experience
+    id: str = field(default_factory=lambda: str(uuid.uuid4()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"exp_meta": self.exp_meta.to_dict(), "exp_data": self.exp_data.to_dict(), "id": self.id}
+
+
+def json_form(value: Any, where: str, depth: int = 0) -> Any:
+    """``value`` as JSON values (dict/list/str/number/bool/None), tensors and arrays kept as CPU tensors.
+
+    Dataclasses become dicts of their fields, objects with ``model_dump()`` (pydantic) or ``to_dict()`` the
+    JSON form of what those return; tuples become lists. Raises ``TypeError`` naming ``where`` otherwise.
+    """
+    kind = type(value)
+    if kind in _PLAIN:  # the common case first: exact types, no ABC checks (stores are per row)
+        return value
+    if kind is dict and depth < _MAX_DEPTH and all(type(k) is str for k in value):
+        return {k: json_form(v, where + "." + k, depth + 1) for k, v in value.items()}
+    if kind is list and depth < _MAX_DEPTH:
+        return [json_form(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if depth > _MAX_DEPTH:
+        raise TypeError(f"{where}: nested more than {_MAX_DEPTH} levels deep (a cycle?)")
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "OUSV":  # objects and strings: no tensor dtype, keep their JSON form
+            return [json_form(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value.tolist())]
+        return torch.from_numpy(np.array(value, copy=True))
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [json_form(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if isinstance(k, bool) or not isinstance(k, (str, int)):
+                raise TypeError(f"{where}: dict key {k!r} is a {type(k).__name__}; payload keys must be str or int")
+            out[str(k)] = json_form(v, f"{where}.{k}", depth + 1)
+        return out
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return json_form(fields, where, depth + 1)
+    for method in ("model_dump", "to_dict"):
+        if callable(getattr(value, method, None)):
+            return json_form(getattr(value, method)(), where, depth + 1)
+    raise TypeError(
+        f"{where}: cannot store a {type(value).__name__} (payloads are JSON values, tensors, arrays, dataclasses, "
+        "or objects with model_dump()/to_dict())"
+    )
+
+
+def _scalar(value: Any) -> float | None:
+    """The float of a real scalar (number, NumPy scalar, one-element real tensor), else None."""
+    if type(value) in (float, int):
+        return float(value)
+    if value is None:
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        return float(value.item())
+    return None
+
+
+def _meta_string(value: Any, name: str, required: bool) -> str | None:
+    if isinstance(value, str) or (value is None and not required):
+        return value
+    raise TypeError(f"exp_meta.{name} must be a str{'' if required else ' or None'}, got {type(value).__name__}")
+
+
+def _meta_number(value: Any, name: str) -> Any:
+    if type(value) in (int, float):
+        return value
+    if value is None or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
+        return value.item() if isinstance(value, np.generic) else value
+    raise TypeError(f"exp_meta.{name} must be a real number or None, got {type(value).__name__}")
+
+
+def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
+    """Check ``row`` and return (the row as stored, its column values ``META_STRINGS + NUMERIC`` as
+    ``(str|None)*4 + (float)*5``, NaN for a missing number). Never changes ``row``.
+
+    Raises:
+        ValueError: ``row`` is falsy or has no ``exp_meta`` (AWorld's messages).
+        TypeError: a meta field of the wrong type, or a payload value that cannot be stored (named).
+    """
+    if not row:
+        raise ValueError("Data is required")
+    meta = getattr(row, "exp_meta", None)
+    if not meta:
+        raise ValueError("exp_meta is required")
+    strings = [_meta_string(getattr(meta, n, None), n, n == "task_id") for n in META_STRINGS]
+    step = _meta_number(getattr(meta, "step", None), "step")
+    when = _meta_number(getattr(meta, "execute_time", None), "execute_time")
+    data = getattr(row, "exp_data", None)
+    payload = {n: json_form(getattr(data, n, None), f"exp_data.{n}") for n in ("state", "actions", "messages")}
+    rewards = {n: json_form(getattr(data, n, None), f"exp_data.{n}") for n in _DATA_NUMERIC}
+    row_id = getattr(row, "id", None)
+    row_id = str(uuid.uuid4()) if row_id is None else row_id
+    if not isinstance(row_id, str):
+        raise TypeError(f"DataRow.id must be a str, got {type(row_id).__name__}")
+    stored = DataRow(
+        ExpMeta(strings[0], strings[1], strings[2], step, when, strings[3]),  # type: ignore[arg-type]
+        Experience(payload["state"], payload["actions"], **rewards, messages=payload["messages"]),
+        row_id,
+    )
+    numbers_ = [step, when] + [_scalar(rewards[n]) for n in _DATA_NUMERIC]
+    return stored, (*strings, *(math.nan if v is None else float(v) for v in numbers_))
+
+
+# ---- bytes: u32 length of the JSON header, the JSON, then the raw bytes of each tensor in order ----
+
+
+def _pack(value: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return {_TENSOR: [len(tensors) - 1, str(value.dtype).removeprefix("torch."), list(value.shape)]}
+    if isinstance(value, list):
+        return [_pack(v, tensors) for v in value]
+    if isinstance(value, dict):
+        packed = {k: _pack(v, tensors) for k, v in value.items()}
+        return {_DICT: packed} if (_TENSOR in value or _DICT in value) else packed
+    return value
+
+
+def encode_row(row: DataRow) -> bytes:
+    """The bytes of a normalised row (see :func:`normalize_row`); :func:`decode_row` gives it back."""
+    tensors: list[torch.Tensor] = []
+    header = {
+        "id": row.id,
+        "meta": row.exp_meta.to_dict(),
+        "data": {f.name: _pack(getattr(row.exp_data, f.name), tensors) for f in dataclasses.fields(row.exp_data)},
+    }
+    text = json.dumps(header, separators=(",", ":")).encode()
+    blobs = [t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors]
+    return b"".join([struct.pack("<I", len(text)), text, *blobs])
+
+
+def _unpack(value: Any, blob: memoryview, offsets: list[int]) -> Any:
+    if isinstance(value, list):
+        return [_unpack(v, blob, offsets) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if _DICT in value and len(value) == 1:
+        return {k: _unpack(v, blob, offsets) for k, v in value[_DICT].items()}
+    if _TENSOR in value and len(value) == 1:
+        _, dtype_name, shape = value[_TENSOR]
+        dtype = getattr(torch, dtype_name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"unknown tensor dtype {dtype_name!r} in a stored row")
+        count = math.prod(shape)
+        nbytes = count * dtype.itemsize
+        start = offsets[0]
+        if start + nbytes > len(blob):
+            raise ValueError("a stored row is shorter than its tensors")
+        offsets[0] = start + nbytes
+        raw = torch.frombuffer(bytearray(blob[start : start + nbytes]), dtype=torch.uint8) if nbytes else None
+        return (raw.view(dtype) if raw is not None else torch.empty(0, dtype=dtype)).reshape(shape)
+    return {k: _unpack(v, blob, offsets) for k, v in value.items()}
+
+
+def decode_row(payload: bytes | memoryview) -> DataRow:
+    """The row :func:`encode_row` wrote (ValueError on malformed bytes). Plain JSON and raw bytes: no pickle."""
+    view = memoryview(payload)
+    if len(view) < 4:
+        raise ValueError("a stored row is shorter than its header")
+    (length,) = struct.unpack_from("<I", view)
+    header = json.loads(bytes(view[4 : 4 + length]))
+    offsets = [0]
+    tail = view[4 + length :]
+    data = {k: _unpack(v, tail, offsets) for k, v in header["data"].items()}
+    return DataRow(ExpMeta(**header["meta"]), Experience(**data), header["id"])

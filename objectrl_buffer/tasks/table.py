@@ -1,0 +1,148 @@
+"""The columnar table behind every task storage: one Python list of stored rows (the payloads) beside tensor
+columns of their query fields, kept in insertion order; whole tasks leave with one compaction pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from objectrl_buffer.core.group_fifo import GroupCounts, plan_store
+from objectrl_buffer.core.vocab import Vocab
+
+from .query_filter import QueryCondition, compile_query
+from .rows import META_STRINGS, NUMERIC, DataRow, normalize_row
+
+__all__ = ["TaskTable"]
+
+
+class TaskTable:
+    """Rows in insertion order: ``rows[i]`` with ``codes[:, i]`` (int64 ``[4]``: task_id, task_name, agent_id,
+    pre_agent codes, -1 for None) and ``numbers[:, i]`` (float64 ``[5]``: step, execute_time, reward_t, adv_t,
+    v_t, NaN for None), CPU. Field-major, so each query column is one contiguous run.
+    ``counts`` holds rows per task_id in order of first insertion (FIFO order)."""
+
+    def __init__(self) -> None:
+        self.vocabs = {name: Vocab() for name in META_STRINGS}
+        self.rows: list[DataRow] = []
+        self._codes = torch.empty((len(META_STRINGS), 0), dtype=torch.int64)
+        self._numbers = torch.empty((len(NUMERIC), 0), dtype=torch.float64)
+        self.counts = GroupCounts()
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    # -- the Columns protocol of query_filter --
+    def string_column(self, name: str) -> tuple[torch.Tensor, Vocab]:
+        return self._codes[META_STRINGS.index(name), : self.n], self.vocabs[name]
+
+    def number_column(self, name: str) -> torch.Tensor:
+        return self._numbers[NUMERIC.index(name), : self.n]
+
+    def mask(self, query: QueryCondition | None) -> torch.Tensor:
+        """bool ``[n]``: rows matching ``query`` (QueryError for a malformed one)."""
+        return compile_query(query, self)
+
+    # -- writes --
+    @staticmethod
+    def prepare(rows: Sequence[object]) -> tuple[list[DataRow], list[tuple[object, ...]]]:
+        """Normalise every row first (a bad one raises before anything is stored)."""
+        stored, values = [], []
+        for row in rows:
+            s, v = normalize_row(row)
+            stored.append(s)
+            values.append(v)
+        return stored, values
+
+    def store(self, rows: Sequence[object], capacity: int) -> None:
+        """Store ``rows`` in order, evicting whole oldest tasks so at most ``capacity`` rows stay.
+
+        All or nothing: a bad row, or a task that alone would exceed ``capacity``, raises and stores nothing.
+        """
+        stored, values = self.prepare(rows)
+        plan = plan_store(self.counts, [r.exp_meta.task_id for r in stored], capacity)
+        self.remove_tasks([str(t) for t in plan.evicted])
+        self.append(
+            [r for r, k in zip(stored, plan.keep, strict=False) if k],
+            [v for v, k in zip(values, plan.keep, strict=False) if k],
+        )
+        self.counts = plan.after
+
+    def append(self, rows: list[DataRow], values: list[tuple[object, ...]]) -> None:
+        """Append normalised rows (no capacity check; ``counts`` updated by the caller when it plans)."""
+        if not rows:
+            return
+        width = len(META_STRINGS)
+        code_lists = [[self.vocabs[name].code(v[j]) for j, name in enumerate(META_STRINGS)] for v in values]  # type: ignore[arg-type]
+        codes = torch.tensor(code_lists, dtype=torch.int64).reshape(-1, width)
+        numbers = torch.tensor([v[width:] for v in values], dtype=torch.float64).reshape(-1, len(NUMERIC))
+        self._grow(self.n + len(rows))
+        start = self.n
+        self._codes[:, start : start + len(rows)] = codes.T
+        self._numbers[:, start : start + len(rows)] = numbers.T
+        self.rows.extend(rows)
+
+    def note_appended(self, task_ids: list[str]) -> None:
+        """Count appended rows of ``task_ids`` (for a table mirrored from a log, where the writer planned)."""
+        for t in task_ids:
+            self.counts.rows[t] = self.counts.rows.get(t, 0) + 1
+        self.counts.total += len(task_ids)
+
+    def _grow(self, needed: int) -> None:
+        if needed <= self._codes.shape[1]:
+            return
+        size = max(needed, 2 * self._codes.shape[1], 1024)
+        codes = torch.empty((self._codes.shape[0], size), dtype=torch.int64)
+        numbers = torch.empty((self._numbers.shape[0], size), dtype=torch.float64)
+        codes[:, : self.n] = self._codes[:, : self.n]
+        numbers[:, : self.n] = self._numbers[:, : self.n]
+        self._codes, self._numbers = codes, numbers
+
+    def remove_tasks(self, task_ids: Sequence[str]) -> None:
+        """Drop every row of ``task_ids`` (one pass; order of the others kept)."""
+        found = [c for c in map(self.vocabs["task_id"].find, task_ids) if c is not None]
+        for t in task_ids:
+            self.counts.total -= self.counts.rows.pop(t, 0)
+        if not found:
+            return
+        keep = ~self.vocabs["task_id"].member_mask(self.string_column("task_id")[0], found)
+        index = keep.nonzero().squeeze(1)
+        n = index.numel()
+        self._codes[:, :n] = self._codes[:, index]
+        self._numbers[:, :n] = self._numbers[:, index]
+        self.rows = [self.rows[i] for i in index.tolist()]
+
+    def clear(self) -> None:
+        self.rows = []
+        self.counts = GroupCounts()
+
+    # -- reads --
+    def select(self, query: QueryCondition | None) -> list[DataRow]:
+        """The rows matching ``query``, in insertion order."""
+        if not query:
+            return list(self.rows)
+        rows = self.rows
+        return [rows[i] for i in self.mask(query).nonzero().squeeze(1).tolist()]
+
+    def matching_task_ids(self, query: QueryCondition | None) -> list[str]:
+        """task_ids with at least one row matching ``query``, in FIFO order (first insertion)."""
+        if not query:
+            return [str(t) for t in self.counts.rows]
+        codes = self.string_column("task_id")[0][self.mask(query)]
+        hit = set(torch.unique(codes).tolist())
+        vocab = self.vocabs["task_id"]
+        return [str(t) for t in self.counts.rows if vocab.find(t) in hit]
+
+    def by_task_ids(self, task_ids: Sequence[str]) -> dict[str, list[DataRow]]:
+        """``{task_id: its rows in insertion order}`` for each held task of ``task_ids`` (one pass)."""
+        vocab = self.vocabs["task_id"]
+        wanted = {c: t for t in task_ids if (c := vocab.find(t)) is not None and t in self.counts.rows}
+        out: dict[str, list[DataRow]] = {t: [] for t in wanted.values()}
+        if not wanted:
+            return out
+        column = self.string_column("task_id")[0]
+        index = vocab.member_mask(column, list(wanted)).nonzero().squeeze(1)
+        for i, c in zip(index.tolist(), column[index].tolist(), strict=False):
+            out[wanted[c]].append(self.rows[i])
+        return out
