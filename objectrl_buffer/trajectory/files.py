@@ -24,6 +24,7 @@ import os
 import pickle
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,11 @@ __all__ = [
 
 METADATA = "metadata.json"
 INDEX = "trajectory_index.json"
+#: While trajectories keep arriving, the index is rewritten at least this often (seconds), or, for a large
+#: index, after 10x the time its last rewrite took (so rewrites cost at most ~10% of the writer's time).
+PUBLISH_INTERVAL = 0.1
+#: Bytes of trajectories queued for the writer at most; an add past it waits (memory stays bounded).
+MAX_PENDING_BYTES = 1 << 30
 LEGACY_INDEX = "trajector_index.json"  # RLinf's merge tool reads (and writes) this misspelling too
 FORMATS = ("pt", "pkl")
 #: Largest JSON file read (a million trajectories' index is ~200 MB).
@@ -261,8 +267,10 @@ def write_index(
 class TrajectoryWriter:
     """One background thread that persists trajectories to an RLinf folder, in the order they were added.
 
-    Work items are processed in order; after each run of work (when the queue is empty) the index and the
-    metadata are rewritten to name exactly the trajectories whose files are complete. A failure is kept
+    Work items are processed in order; when the queue runs empty, and at least every
+    :data:`PUBLISH_INTERVAL` seconds while it does not, the index and the metadata are rewritten to name
+    exactly the trajectories whose files are complete. At most :data:`MAX_PENDING_BYTES` of trajectories
+    wait in the queue: a :meth:`submit` beyond that blocks until the thread catches up. A failure is kept
     and raised (as :class:`CheckpointError`) by the next :meth:`submit`, :meth:`flush` or :meth:`close`.
     """
 
@@ -273,6 +281,10 @@ class TrajectoryWriter:
         self.entries: list[Entry] = list(entries or [])  # what the published index names (writer thread only)
         self._doomed: list[str] = []  # files of dropped trajectories, deleted once the index no longer names them
         self._dirty = False
+        self._published = time.monotonic()
+        self._publish_cost = 0.0  # seconds the last index rewrite took
+        self._pending = 0  # bytes queued, guarded by _room
+        self._room = threading.Condition()
         self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self.error: BaseException | None = None
         self.closed = False
@@ -290,7 +302,12 @@ class TrajectoryWriter:
     def submit(self, entry: Entry, payload: dict[str, Any]) -> None:
         """Queue a trajectory file (``payload`` must not be changed afterwards)."""
         self.raise_error()
-        self._queue.put(("write", (entry, payload)))
+        nbytes = _nbytes(payload)
+        with self._room:
+            # one trajectory larger than the limit still goes through, alone
+            self._room.wait_for(lambda: self._pending == 0 or self._pending + nbytes <= MAX_PENDING_BYTES)
+            self._pending += nbytes
+        self._queue.put(("write", (entry, payload, nbytes)))
 
     def drop(self, ids: list[int]) -> None:
         """Queue the removal of evicted trajectories: out of the index first, then their files."""
@@ -318,8 +335,16 @@ class TrajectoryWriter:
             self.raise_error()
 
     # ------------------------------------------------------------------ writer thread
+    def _release(self, nbytes: int) -> None:
+        with self._room:
+            self._pending -= nbytes
+            self._room.notify_all()
+
     def _publish(self) -> None:
+        start = time.monotonic()
         write_index(self.folder, self.entries, self.fmt, self.seed)
+        self._published = time.monotonic()
+        self._publish_cost = self._published - start
         doomed, self._doomed = self._doomed, []
         for path in doomed:
             try:
@@ -330,10 +355,13 @@ class TrajectoryWriter:
 
     def _step(self, op: str, arg: Any) -> None:
         if op == "write":
-            entry, payload = arg
-            name = file_name(entry.trajectory_id, entry.model_weights_id, self.fmt)
-            write_payload(os.path.join(self.folder, name), payload, self.fmt)
-            self.entries.append(entry)
+            entry, payload, nbytes = arg
+            try:
+                name = file_name(entry.trajectory_id, entry.model_weights_id, self.fmt)
+                write_payload(os.path.join(self.folder, name), payload, self.fmt)
+                self.entries.append(entry)
+            finally:
+                self._release(nbytes)
         elif op == "drop":
             kept = [e for e in self.entries if e.trajectory_id not in arg]
             gone = [e for e in self.entries if e.trajectory_id in arg]
@@ -362,7 +390,9 @@ class TrajectoryWriter:
                     self._step(op, arg)
                 except BaseException as exc:  # kept for the caller; later work is skipped
                     self.error = exc
-            if q.empty():
+            elif op == "write":
+                self._release(arg[2])
+            if q.empty() or time.monotonic() - self._published > max(PUBLISH_INTERVAL, 10 * self._publish_cost):
                 self._publish_safely()
 
     def _publish_safely(self) -> None:
@@ -371,3 +401,12 @@ class TrajectoryWriter:
                 self._publish()
             except BaseException as exc:
                 self.error = exc
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of the tensors in a payload (nested dicts included)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    return 0
