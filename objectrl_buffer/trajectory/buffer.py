@@ -235,7 +235,9 @@ class TrajectoryReplayBuffer:
         }
 
     # ------------------------------------------------------------------ adding
-    def add_trajectories(self, trajectories: Sequence[Trajectory | TensorDictBase] | Trajectory | TensorDictBase) -> None:
+    def add_trajectories(
+        self, trajectories: Sequence[Trajectory | TensorDictBase] | Trajectory | TensorDictBase
+    ) -> None:
         """Store each trajectory (a :class:`Trajectory`, or a TensorDict of batch size ``[T, B]``) as ``T*B`` rows.
 
         Ids are sequential ints. Every trajectory is checked (shapes, the stored schema, ``capacity``) before

@@ -18,6 +18,7 @@ short by a kill at any moment still loads, holding a prefix of what was added.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -26,7 +27,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -174,7 +175,7 @@ def read_folder(path: str) -> Folder:
             key = int(raw_id)
         except (TypeError, ValueError):
             raise CheckpointError(f"'{index_path}': trajectory id {raw_id!r} is not an int") from None
-        raw = infos.get(str(key), infos.get(key))  # type: ignore[call-overload]
+        raw = infos.get(str(key), infos.get(key))
         if raw is None:
             raise CheckpointError(f"'{index_path}': trajectory {key} is listed but has no entry")
         entries.append(_entry(raw, _int(key, "a trajectory id", index_path), index_path))
@@ -214,8 +215,7 @@ def load_payload(path: str, allow_pickle: bool) -> Any:
     if path.endswith(".pkl"):
         if not allow_pickle:
             raise CheckpointError(
-                f"'{path}' is a pickle file: loading it runs code from the file. Pass allow_pickle=True "
-                "if you trust it"
+                f"'{path}' is a pickle file: loading it runs code from the file. Pass allow_pickle=True if you trust it"
             )
         with open(path, "rb") as f:
             try:
@@ -249,9 +249,8 @@ def write_index(
         "trajectory_index": {str(e.trajectory_id): e.info() for e in entries},
         "trajectory_id_list": [e.trajectory_id for e in entries],
     }
-    blob = json.dumps(index).encode()
     for name in (INDEX, LEGACY_INDEX) if legacy else (INDEX,):
-        atomic_write(os.path.join(folder, name), lambda f: f.write(blob))
+        _write_json(os.path.join(folder, name), index)
     metadata = {
         "storage_dir": os.path.abspath(storage_dir or folder),
         "storage_format": fmt,
@@ -261,7 +260,16 @@ def write_index(
         "trajectory_counter": max((e.trajectory_id for e in entries), default=-1) + 1,
         "seed": seed if isinstance(seed, int) else None,
     }
-    atomic_write(os.path.join(folder, METADATA), lambda f: f.write(json.dumps(metadata).encode()))
+    _write_json(os.path.join(folder, METADATA), metadata)
+
+
+def _write_json(path: str, value: Any) -> None:
+    blob = json.dumps(value).encode()
+
+    def write(f: BinaryIO) -> None:
+        f.write(blob)
+
+    atomic_write(path, write)
 
 
 class TrajectoryWriter:
@@ -347,10 +355,8 @@ class TrajectoryWriter:
         self._publish_cost = self._published - start
         doomed, self._doomed = self._doomed, []
         for path in doomed:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
         self._dirty = False
 
     def _step(self, op: str, arg: Any) -> None:

@@ -8,6 +8,7 @@ removes the source's files only after the destination is complete.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -33,9 +34,7 @@ def _check_destination(destination: str, sources: list[str]) -> None:
             raise InvalidArgumentError(f"save path '{destination}' must lie outside the source '{source}'")
 
 
-def _publish(
-    destination: str, items: list[tuple[str, Entry]], fmt: str, seed: Any, progress: bool | None
-) -> None:
+def _publish(destination: str, items: list[tuple[str, Entry]], fmt: str, seed: Any, progress: bool | None) -> None:
     """Copy ``(source file, new entry)`` pairs into a temp folder, index it, rename it to ``destination``."""
     destination = os.path.abspath(destination)
     parent = os.path.dirname(destination)
@@ -148,9 +147,7 @@ def _remove_folder_files(folder: Folder) -> None:
     """After a move: the folder's index and metadata (it no longer is a buffer), then its trajectory files."""
     paths = files.find_files(folder)
     for name in (files.METADATA, files.INDEX, files.LEGACY_INDEX):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(folder.path, name))
-        except FileNotFoundError:
-            pass
     for path in paths:
         os.unlink(path)

@@ -113,7 +113,9 @@ def flatten(item: Trajectory | TensorDictBase | Mapping[str, Any], where: str, *
     """
     if isinstance(item, TensorDictBase):
         if item.batch_dims != 2:
-            raise InvalidArgumentError(f"{where}: a TensorDict trajectory needs batch size [T, B], got {item.batch_size}")
+            raise InvalidArgumentError(
+                f"{where}: a TensorDict trajectory needs batch size [T, B], got {item.batch_size}"
+            )
         T, B = item.batch_size
         if T * B == 0:
             raise InvalidArgumentError(f"{where}: a trajectory with no samples (batch size {list(item.batch_size)})")
@@ -168,7 +170,9 @@ def flatten(item: Trajectory | TensorDictBase | Mapping[str, Any], where: str, *
             if value is None:
                 continue
             if not isinstance(value, Mapping):
-                raise InvalidArgumentError(f"{where}: field '{name}' must be a dict of tensors, got {type(value).__name__}")
+                raise InvalidArgumentError(
+                    f"{where}: field '{name}' must be a dict of tensors, got {type(value).__name__}"
+                )
             for sub, tensor in value.items():
                 take((name, str(sub)), f"{name}.{sub}", tensor)
         else:

@@ -133,7 +133,7 @@ def test_bad_trajectories_raise_and_store_nothing(make: Any, bad: Any, word: str
 def test_a_different_schema_is_a_schema_error(make: Any) -> None:
     rb = make(seed=0)
     rb.add_trajectories([marked(0)])
-    with pytest.raises(SchemaError, match="curr_obs.state"):
+    with pytest.raises(SchemaError, match=r"curr_obs\.state"):
         rb.add_trajectories([Trajectory(rewards=torch.zeros(2, 2), prev_logprobs=torch.zeros(2, 2))])
 
 
