@@ -13,6 +13,7 @@ Workloads (issue 14), each timed ``--rounds`` times, median reported with the sp
     python benchmarks/trajectory_bench.py                 # the issue's sizes (needs ~8 GB RAM, ~6 GB disk)
     python benchmarks/trajectory_bench.py --quick         # small sizes, seconds
 
+Both peers run in one process with ``torch.set_num_threads(--threads)`` (1 by default, as ``bench.py``).
 Ratios are rlinf's time / ours (> 1: ours faster).
 """
 
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import rlinf_peer  # noqa: E402
-from objectrl_buffer.trajectory import Trajectory, TrajectoryReplayBuffer, merge_rank_folders  # noqa: E402
+from benchmarks import rlinf_peer
+from objectrl_buffer.trajectory import Trajectory, TrajectoryReplayBuffer, merge_rank_folders
+
+MERGE = "merge 4 rank folders (rlinf col: plain copy2)"
 
 
 def make_pool(n: int, T: int, B: int, image: int, seed: int = 0) -> list[Trajectory]:
@@ -79,7 +83,10 @@ class Rounds:
         self.units[workload] = (unit, work)
 
     def table(self, peers: list[str]) -> str:
-        lines = ["| workload | unit | " + " | ".join(peers) + " | ratio (rlinf / ours) |", "|---" * (len(peers) + 3) + "|"]
+        lines = [
+            "| workload | unit | " + " | ".join(peers) + " | ratio (rlinf / ours) |",
+            "|---" * (len(peers) + 3) + "|",
+        ]
         for workload, (unit, work) in self.units.items():
             cells = []
             medians = {}
@@ -96,6 +103,61 @@ class Rounds:
         return "\n".join(lines)
 
 
+def add_all(buffer: Any, adds: list[Trajectory]) -> None:
+    for trajectory in adds:
+        buffer.add_trajectories([trajectory])
+
+
+def sample_n(buffer: Any, calls: int) -> None:
+    for _ in range(calls):
+        buffer.sample(256)
+
+
+def one_round(
+    args: argparse.Namespace, upstream: Any, rounds: Rounds, adds: list[Trajectory], work: str, r: int
+) -> None:
+    """Adds (without, then with saving) and samples (cache on, then off), ours and rlinf's."""
+    n, calls, off = len(adds), args.sample_calls, args.sample_calls_off
+    ours_dir, theirs_dir = os.path.join(work, f"ours{r}"), os.path.join(work, f"theirs{r}")
+    # -- add without saving; sample from memory (ours: storage, rlinf: its cache)
+    ours = TrajectoryReplayBuffer(seed=r, sample_window_size=100)
+    theirs = upstream.TrajectoryReplayBuffer(seed=r, sample_window_size=100)
+    rounds.add("add, no save", "ours", timed(lambda: add_all(ours, adds)), "traj/s", n)
+    rounds.add("add, no save", "rlinf", timed(lambda: add_all(theirs, adds)), "traj/s", n)
+    rounds.add("sample(256), cache on", "ours", timed(lambda: sample_n(ours, calls)), "calls/s", calls)
+    theirs.close()
+    ours.close()
+    # -- add with saving (rlinf: cache_size 100 covers the window of 100)
+    ours = TrajectoryReplayBuffer(r, True, 100, ours_dir, "pt", 100, True)
+    theirs = upstream.TrajectoryReplayBuffer(
+        seed=r, enable_cache=True, cache_size=100, sample_window_size=100, auto_save=True, auto_save_path=theirs_dir
+    )
+    t_ours = timed(lambda: add_all(ours, adds))
+    t_ours_disk = t_ours + timed(ours.flush)
+    t_theirs = timed(lambda: add_all(theirs, adds))
+    t_theirs_disk = t_theirs + timed(lambda: theirs._save_executor.shutdown(wait=True))
+    rounds.add("add, save (calls)", "ours", t_ours, "traj/s", n)
+    rounds.add("add, save (calls)", "rlinf", t_theirs, "traj/s", n)
+    rounds.add("add, save (until on disk)", "ours", t_ours_disk, "traj/s", n)
+    rounds.add("add, save (until on disk)", "rlinf", t_theirs_disk, "traj/s", n)
+    rounds.add("sample(256), cache on", "rlinf", timed(lambda: sample_n(theirs, calls)), "calls/s", calls)
+    theirs.close()
+    ours.close()
+    # -- cache off: rlinf reads trajectory files on every call; ours reads its storage, as always
+    ours = TrajectoryReplayBuffer(seed=r, enable_cache=False, sample_window_size=100)
+    ours.load_checkpoint(ours_dir)
+    rounds.add("sample(256), cache off", "ours", timed(lambda: sample_n(ours, off)), "calls/s", off)
+    ours.close()
+    theirs = upstream.TrajectoryReplayBuffer(
+        seed=r, enable_cache=False, sample_window_size=100, auto_save=True, auto_save_path=theirs_dir
+    )
+    theirs.load_checkpoint(theirs_dir)
+    rounds.add("sample(256), cache off", "rlinf", timed(lambda: sample_n(theirs, off)), "calls/s", off)
+    theirs.close()
+    shutil.rmtree(ours_dir)
+    shutil.rmtree(theirs_dir)
+
+
 def run(args: argparse.Namespace) -> str:
     upstream = rlinf_peer.load(args.cache_dir, download=not args.no_download)
     rounds = Rounds()
@@ -106,55 +168,14 @@ def run(args: argparse.Namespace) -> str:
     work_dir = tempfile.mkdtemp(prefix="trajectory_bench_", dir=args.work_dir)
     try:
         for r in range(args.rounds):
-            ours_dir, theirs_dir = os.path.join(work_dir, f"ours{r}"), os.path.join(work_dir, f"theirs{r}")
-            # -- add without saving
-            ours = TrajectoryReplayBuffer(seed=r, sample_window_size=100)
-            theirs = upstream.TrajectoryReplayBuffer(seed=r, sample_window_size=100)
-            rounds.add("add, no save", "ours", timed(lambda: [ours.add_trajectories([t]) for t in adds]), "traj/s", n)  # noqa: B023
-            rounds.add("add, no save", "rlinf", timed(lambda: [theirs.add_trajectories([t]) for t in adds]), "traj/s", n)  # noqa: B023
-            theirs.close()
-            # -- sample, from memory (ours) / from rlinf's cache
-            calls = args.sample_calls
-            rounds.add("sample(256), cache on", "ours", timed(lambda: [ours.sample(256) for _ in range(calls)]), "calls/s", calls)  # noqa: B023
-            ours.close()
-            del theirs
-            # -- add with saving
-            ours = TrajectoryReplayBuffer(r, True, 100, ours_dir, "pt", 100, True)
-            theirs = upstream.TrajectoryReplayBuffer(
-                seed=r, enable_cache=True, cache_size=100, sample_window_size=100, auto_save=True, auto_save_path=theirs_dir
-            )
-            t_ours = timed(lambda: [ours.add_trajectories([t]) for t in adds])  # noqa: B023
-            t_ours_disk = t_ours + timed(ours.flush)
-            t_theirs = timed(lambda: [theirs.add_trajectories([t]) for t in adds])  # noqa: B023
-            t_theirs_disk = t_theirs + timed(lambda: theirs._save_executor.shutdown(wait=True))  # noqa: B023
-            rounds.add("add, save (calls)", "ours", t_ours, "traj/s", n)
-            rounds.add("add, save (calls)", "rlinf", t_theirs, "traj/s", n)
-            rounds.add("add, save (until on disk)", "ours", t_ours_disk, "traj/s", n)
-            rounds.add("add, save (until on disk)", "rlinf", t_theirs_disk, "traj/s", n)
-            rounds.add("sample(256), cache on", "rlinf", timed(lambda: [theirs.sample(256) for _ in range(calls)]), "calls/s", calls)  # noqa: B023
-            theirs._checkpoint_executor.shutdown(wait=True)
-            del theirs
-            # -- cache off: rlinf reads its files on every call; ours is the same storage read
-            off = args.sample_calls_off
-            ours_off = TrajectoryReplayBuffer(seed=r, enable_cache=False, sample_window_size=100)
-            ours_off.load_checkpoint(ours_dir)
-            rounds.add("sample(256), cache off", "ours", timed(lambda: [ours_off.sample(256) for _ in range(off)]), "calls/s", off)  # noqa: B023
-            ours_off.close()
-            ours.close()
-            theirs = upstream.TrajectoryReplayBuffer(
-                seed=r, enable_cache=False, sample_window_size=100, auto_save=True, auto_save_path=theirs_dir
-            )
-            theirs.load_checkpoint(theirs_dir)
-            rounds.add("sample(256), cache off", "rlinf", timed(lambda: [theirs.sample(256) for _ in range(off)]), "calls/s", off)  # noqa: B023
-            theirs.close()
-            shutil.rmtree(ours_dir)
-            shutil.rmtree(theirs_dir)
+            one_round(args, upstream, rounds, adds, work_dir, r)
         load_and_merge(args, upstream, rounds, work_dir)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     header = (
-        f"trajectories [T={args.T}, B={args.B}] = {rows} transitions, obs [32] + image uint8[3,{args.image},{args.image}]"
-        f"; {n} adds, {args.rounds} rounds; load/merge: {args.load_trajectories} obs-only trajectories\n\n"
+        f"trajectories [T={args.T}, B={args.B}] = {rows} transitions, obs [32] + image "
+        f"uint8[3,{args.image},{args.image}]; {n} adds, {args.rounds} rounds; "
+        f"load/merge: {args.load_trajectories} obs-only trajectories\n\n"
     )
     return header + rounds.table(["ours", "rlinf"])
 
@@ -191,16 +212,15 @@ def load_and_merge(args: argparse.Namespace, upstream: Any, rounds: Rounds, work
         rounds.add("load_checkpoint, 4 ranks", "ours", timed(load_ours), "traj/s", n)
         rounds.add("load_checkpoint, 4 ranks", "rlinf", timed(load_theirs), "traj/s", n)
         out = os.path.join(work_dir, f"merged{r}")
-        rounds.add("merge 4 rank folders (rlinf col: plain copy2)", "ours", timed(lambda: merge_rank_folders(ranks, out)), "traj/s", n)  # noqa: B023
+        rounds.add(MERGE, "ours", timed(partial(merge_rank_folders, ranks, out)), "traj/s", n)
 
-        def plain_copy() -> None:
-            target = os.path.join(work_dir, f"copy{r}")  # noqa: B023
+        def plain_copy(target: str) -> None:
             os.makedirs(target)
             for rank in sorted(os.listdir(ranks)):
                 for name in os.listdir(os.path.join(ranks, rank)):
                     shutil.copy2(os.path.join(ranks, rank, name), os.path.join(target, f"{rank}_{name}"))
 
-        rounds.add("merge 4 rank folders (rlinf col: plain copy2)", "rlinf", timed(plain_copy), "traj/s", n)
+        rounds.add(MERGE, "rlinf", timed(partial(plain_copy, os.path.join(work_dir, f"copy{r}"))), "traj/s", n)
         shutil.rmtree(out)
         shutil.rmtree(os.path.join(work_dir, f"copy{r}"))
 
@@ -216,12 +236,14 @@ def main() -> None:
     parser.add_argument("--sample-calls", type=int, default=200)
     parser.add_argument("--sample-calls-off", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for both peers")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--cache-dir", default=rlinf_peer.DEFAULT_CACHE)
     parser.add_argument("--no-download", action="store_true")
     parser.add_argument("--work-dir", default=None, help="where the folders are written (default: the temp folder)")
     parser.add_argument("-o", "--output", default=None, help="also write the table to this file")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)  # as bench.py: a contended 2-core machine makes torch's pool spin
     if args.quick:
         args.trajectories, args.T, args.B, args.image, args.pool = 12, 8, 4, 16, 4
         args.load_trajectories, args.sample_calls, args.sample_calls_off, args.rounds = 40, 20, 2, 1

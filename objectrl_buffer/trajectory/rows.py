@@ -125,12 +125,16 @@ class RowStore:
             return self.chunks[first].gather(addresses - first * size)
         out: dict[Key, torch.Tensor] = {}
         for index in torch.unique(chunk).tolist():
-            mask = chunk == index
-            part = self.chunks[index].gather(addresses[mask] - index * size)
+            positions = (chunk == index).nonzero().squeeze(1)
+            part = self.chunks[index].gather(addresses[positions] - index * size)
             for key, value in part.items():
-                if key not in out:
-                    out[key] = value.new_empty((addresses.numel(), *value.shape[1:]))
-                out[key][mask] = value
+                target = out.get(key)
+                if target is None:
+                    target = out[key] = value.new_empty((addresses.numel(), *value.shape[1:]))
+                if target.device.type == "cpu":  # NumPy's fancy assignment: ~20x torch's index_put on a CPU
+                    target.numpy()[positions.numpy()] = value.numpy()
+                else:
+                    target.index_copy_(0, positions, value)
         return out
 
     def read(self, first: int, n: int) -> dict[Key, torch.Tensor]:

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from objectrl_buffer.checkpoint.io import fsync_path, progress_bar
@@ -22,6 +23,8 @@ from objectrl_buffer.trajectory.files import Entry, Folder
 
 __all__ = ["merge_rank_folders", "split_folder"]
 
+#: Files copied (and fsynced) at once.
+COPY_THREADS = 8
 _RANK = re.compile(r"^rank_(\d+)$")
 
 
@@ -42,12 +45,18 @@ def _publish(destination: str, items: list[tuple[str, Entry]], fmt: str, seed: A
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(destination)}.", suffix=".tmp", dir=parent)
     try:
         total = sum(os.path.getsize(path) for path, _ in items)
-        with progress_bar(total, "copying trajectories", progress) as bar:
-            for path, entry in items:
-                target = os.path.join(tmp, files.file_name(entry.trajectory_id, entry.model_weights_id, fmt))
-                shutil.copy2(path, target)
-                fsync_path(target)
-                bar.update(os.path.getsize(path))
+
+        def copy(item: tuple[str, Entry]) -> int:
+            path, entry = item
+            target = os.path.join(tmp, files.file_name(entry.trajectory_id, entry.model_weights_id, fmt))
+            shutil.copy2(path, target)
+            fsync_path(target)  # durable before the folder is renamed into place
+            return os.path.getsize(target)
+
+        # fsync waits on the device with the GIL released: several in flight overlap their waits
+        with progress_bar(total, "copying trajectories", progress) as bar, ThreadPoolExecutor(COPY_THREADS) as pool:
+            for nbytes in pool.map(copy, items):
+                bar.update(nbytes)
         files.write_index(tmp, [e for _, e in items], fmt, seed, legacy=True, storage_dir=destination)
         if os.path.isdir(destination):
             os.rmdir(destination)  # empty (checked): rename needs it gone
