@@ -107,13 +107,17 @@ def file_name(trajectory_id: int, weights_id: str, fmt: str) -> str:
     return f"trajectory_{trajectory_id}_{weights_id}.{fmt}"
 
 
-def _read_json(path: str) -> Any:
+def _read_object(path: str, missing: str) -> dict[str, Any]:
+    """The JSON object in ``path``; :class:`CheckpointNotFoundError` ``missing`` if there is no such file."""
     try:
-        return json.loads(read_small_file(path, JSON_LIMIT))
+        value = json.loads(read_small_file(path, JSON_LIMIT))
     except FileNotFoundError:
-        raise
+        raise CheckpointNotFoundError(missing) from None
     except (ValueError, RecursionError) as exc:
         raise CheckpointError(f"'{path}' is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"'{path}' must hold a JSON object")
+    return value
 
 
 def _int(value: Any, what: str, path: str) -> int:
@@ -150,21 +154,11 @@ def read_folder(path: str) -> Folder:
         CheckpointError: either is damaged, or names a trajectory the index does not describe.
     """
     meta_path = os.path.join(path, METADATA)
-    try:
-        metadata = _read_json(meta_path)
-    except FileNotFoundError:
-        raise CheckpointNotFoundError(f"Metadata not found at {meta_path}") from None
-    if not isinstance(metadata, dict):
-        raise CheckpointError(f"'{meta_path}' must hold a JSON object")
+    metadata = _read_object(meta_path, f"Metadata not found at {meta_path}")
     index_path = os.path.join(path, INDEX)
     if not os.path.exists(index_path) and os.path.exists(os.path.join(path, LEGACY_INDEX)):
         index_path = os.path.join(path, LEGACY_INDEX)
-    try:
-        index = _read_json(index_path)
-    except FileNotFoundError:
-        raise CheckpointNotFoundError(f"Trajectory index not found at {os.path.join(path, INDEX)}") from None
-    if not isinstance(index, dict):
-        raise CheckpointError(f"'{index_path}' must hold a JSON object")
+    index = _read_object(index_path, f"Trajectory index not found at {os.path.join(path, INDEX)}")
     infos = index.get("trajectory_index", {})
     ids = index.get("trajectory_id_list", [])
     if not isinstance(infos, dict) or not isinstance(ids, list):

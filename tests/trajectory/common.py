@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from objectrl_buffer.trajectory import Trajectory
@@ -30,14 +28,3 @@ def marked(m: int, T: int = 4, B: int = 2, *, epochs: int = 0, image: bool = Fal
         curr_obs=obs,
         next_obs={"state": torch.full((T, B, 3), float(m) + 0.5)},
     )
-
-
-def tree(folder: str) -> dict[str, bytes]:
-    """Every file under ``folder`` (relative path -> bytes): to check that nothing changed on disk."""
-    out = {}
-    for root, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, folder)] = f.read()
-    return out

@@ -12,23 +12,9 @@ import torch
 from tensordict import TensorDict
 
 from objectrl_buffer.errors import ClosedBufferError, EmptyBufferError, InvalidArgumentError, SchemaError
-from objectrl_buffer.trajectory import Trajectory, TrajectoryReplayBuffer
+from objectrl_buffer.trajectory import Trajectory
 from objectrl_buffer.trajectory.rows import RowStore
 from tests.trajectory.common import marked
-
-
-@pytest.fixture
-def make() -> Any:
-    made: list[TrajectoryReplayBuffer] = []
-
-    def build(*args: Any, **kwargs: Any) -> TrajectoryReplayBuffer:
-        buffer = TrajectoryReplayBuffer(*args, **kwargs)
-        made.append(buffer)
-        return buffer
-
-    yield build
-    for buffer in made:
-        buffer.close()
 
 
 def markers(batch: TensorDict) -> list[int]:

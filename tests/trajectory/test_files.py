@@ -15,25 +15,11 @@ import pytest
 import torch
 
 from objectrl_buffer.errors import CheckpointError
-from objectrl_buffer.trajectory import TrajectoryReplayBuffer
-from tests.trajectory.common import marked, tree
+from tests.support import tree
+from tests.trajectory.common import marked
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "rlinf030"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def make() -> Any:
-    made: list[TrajectoryReplayBuffer] = []
-
-    def build(*args: Any, **kwargs: Any) -> TrajectoryReplayBuffer:
-        buffer = TrajectoryReplayBuffer(*args, **kwargs)
-        made.append(buffer)
-        return buffer
-
-    yield build
-    for buffer in made:
-        buffer.close()
 
 
 def rlinf() -> Any:

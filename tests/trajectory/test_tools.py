@@ -12,7 +12,8 @@ import pytest
 
 from objectrl_buffer.cli import main
 from objectrl_buffer.trajectory import TrajectoryReplayBuffer, merge_rank_folders, split_folder
-from tests.trajectory.common import marked, tree
+from tests.support import tree
+from tests.trajectory.common import marked
 
 
 def write_rank(folder: Path, markers: list[int], fmt: str = "pt", seed: int = 0) -> None:
