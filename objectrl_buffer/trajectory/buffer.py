@@ -340,10 +340,12 @@ class TrajectoryReplayBuffer:
         if self._closed:
             return
         self._closed = True
-        if self._writer is not None:
-            self._writer.close(wait=wait)
-        self._table.rows.close()
         self._finalizer.detach()
+        try:
+            if self._writer is not None:
+                self._writer.close(wait=wait)  # raises the writer's failure, if any
+        finally:
+            self._table.rows.close()
 
     def clear(self) -> None:
         """Forget every trajectory and reset the id counter. The writer's index is emptied too; trajectory

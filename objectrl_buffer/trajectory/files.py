@@ -357,8 +357,10 @@ class TrajectoryWriter:
         if op == "write":
             entry, payload, nbytes = arg
             try:
-                name = file_name(entry.trajectory_id, entry.model_weights_id, self.fmt)
-                write_payload(os.path.join(self.folder, name), payload, self.fmt)
+                path = os.path.join(self.folder, file_name(entry.trajectory_id, entry.model_weights_id, self.fmt))
+                if path in self._doomed:  # an evicted file of the same name (ids restart after a clear)
+                    self._doomed.remove(path)
+                write_payload(path, payload, self.fmt)
                 self.entries.append(entry)
             finally:
                 self._release(nbytes)

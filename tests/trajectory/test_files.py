@@ -181,6 +181,40 @@ def test_eviction_removes_files_and_index_entries(make: Any, tmp_path: Path) -> 
     assert json.loads((tmp_path / "trajectory_index.json").read_text())["trajectory_id_list"] == [3, 4]
 
 
+def test_a_file_evicted_then_rewritten_after_a_clear_stays(make: Any, tmp_path: Path) -> None:
+    rb = make(seed=0, storage_dir=str(tmp_path), save_trajectories=True, capacity=8)
+    rb.add_trajectories([marked(0), marked(1)])  # 0 is evicted: its file is doomed
+    rb.clear()
+    rb.add_trajectories([marked(0)])  # id 0 again, same file name
+    rb.flush()
+    fresh = make(seed=0)
+    fresh.load_checkpoint(str(tmp_path))
+    assert fresh.trajectory_ids == [0] and fresh.sample(2)["rewards"].tolist() == [0.0, 0.0]
+
+
+def test_a_writer_failure_is_raised_by_flush_add_and_close(
+    make: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from objectrl_buffer.trajectory import files
+
+    def full(*args: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    rb = make(seed=0, storage_dir=str(tmp_path), save_trajectories=True)
+    monkeypatch.setattr(files, "write_payload", full)
+    rb.add_trajectories([marked(0)])
+    with pytest.raises(CheckpointError, match="No space left"):
+        rb.flush()
+    with pytest.raises(CheckpointError, match="No space left"):
+        rb.add_trajectories([marked(1)])
+    assert rb.trajectory_ids == [0]  # the rows are stored; only the files failed
+    with pytest.raises(CheckpointError, match="No space left"):
+        rb.close()
+    fresh = make(seed=0)
+    fresh.load_checkpoint(str(tmp_path))
+    assert len(fresh) == 0  # the folder still loads: it names no file that was not written
+
+
 def test_a_saving_buffer_resumes_from_its_folder(make: Any, tmp_path: Path) -> None:
     rb = make(seed=0, storage_dir=str(tmp_path), save_trajectories=True)
     rb.add_trajectories([marked(m) for m in range(3)])
