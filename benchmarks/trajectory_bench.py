@@ -127,6 +127,11 @@ def one_round(
     rounds.add("sample(256), cache on", "ours", timed(lambda: sample_n(ours, calls)), "calls/s", calls)
     theirs.close()
     ours.close()
+    # -- ours with a capacity of 100 trajectories: a ring that reuses its pages, as rlinf's 100-slot cache does
+    ours = TrajectoryReplayBuffer(seed=r, sample_window_size=100, capacity=100 * adds[0].rewards.numel())
+    rounds.add("add, no save (ours: capacity 100 traj)", "ours", timed(lambda: add_all(ours, adds)), "traj/s", n)
+    rounds.times[("add, no save (ours: capacity 100 traj)", "rlinf")] = rounds.times[("add, no save", "rlinf")]
+    ours.close()
     # -- add with saving (rlinf: cache_size 100 covers the window of 100)
     ours = TrajectoryReplayBuffer(r, True, 100, ours_dir, "pt", 100, True)
     theirs = upstream.TrajectoryReplayBuffer(
