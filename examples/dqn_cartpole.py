@@ -57,7 +57,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.checkpoint.generations import atomic_write
+from objectrl_buffer.checkpoint.io import atomic_write
 
 SOLVED_RETURN = 195.0  # CartPole's classic "solved" threshold (mean over the last episodes)
 

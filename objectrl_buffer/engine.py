@@ -292,7 +292,7 @@ class Engine:
                 bad = low if low < 0 else high
                 raise SlotIndexError(f"index {bad} is out of range for a buffer of {ring.size} rows")
             if ring.phantom:
-                phantom = (slots - (ring.pointer - ring.size)).remainder_(ring.capacity) < ring.phantom
+                phantom = ring.phantom_mask(slots)
                 if bool(phantom.any()):
                     bad = int(slots[phantom][0])
                     raise SlotIndexError(

@@ -6,6 +6,14 @@
                                             remove storage folders left by killed processes (default
                                             DIRs: /dev/shm and the temp folder), listing them with sizes
 
+    objectrl-buffer trajectories sample --load-path P [--num-chunks N --sample-window-size W
+                                        --cache-size K --enable-cache]
+                                            load an RLinf trajectory folder, sample once, print keys and shapes
+    objectrl-buffer trajectories merge --source-path SRC --save-path DST [--move]
+                                            merge SRC/rank_* folders into DST (copies unless --move)
+    objectrl-buffer trajectories split --source-path SRC --save-path DST --split-count N [--move]
+                                            the first N trajectories of SRC into DST, renumbered 0..N-1
+
 ``PATH`` is what was given to ``ReplayBuffer.save`` (the ``.metadata`` file's name is accepted too).
 ``inspect`` reads the metadata and the manifest only (and checks file sizes); ``verify`` reads every byte.
 Exit codes: 0 fine, 1 the checkpoint is missing or damaged (the reason goes to stderr), 2 bad usage.
@@ -157,6 +165,62 @@ def clean(dirs: list[str], dry_run: bool) -> int:
     return 0
 
 
+def _trajectory_parser(commands: Any) -> None:
+    """``trajectories sample|merge|split``: RLinf's buffer CLI and its merge/split toolkit script."""
+    group = commands.add_parser("trajectories", help="RLinf trajectory folders: sample, merge ranks, split")
+    actions = group.add_subparsers(dest="action", required=True)
+    sample = actions.add_parser("sample", help="load a folder, sample once, print keys and shapes")
+    sample.add_argument("--load-path", required=True, help="folder with metadata.json and trajectory_index.json")
+    sample.add_argument("--num-chunks", type=int, default=4)
+    sample.add_argument("--sample-window-size", type=int, default=10)
+    sample.add_argument("--cache-size", type=int, default=5)
+    sample.add_argument("--enable-cache", action="store_true")
+    sample.add_argument("--allow-pickle", action="store_true", help="read .pkl trajectory files (runs their code)")
+    for name, text in (("merge", "merge SRC/rank_* folders into DST"), ("split", "the first N trajectories into DST")):
+        tool = actions.add_parser(name, help=text)
+        tool.add_argument("--source-path", default=".")
+        tool.add_argument("--save-path", required=True)
+        if name == "split":
+            tool.add_argument("--split-count", type=int, required=True)
+        tool.add_argument("--move", action="store_true", help="remove the source files once DST is complete")
+        tool.add_argument("--copy", action="store_true", help="accepted for RLinf's scripts: copying is the default")
+
+
+def trajectories(args: argparse.Namespace) -> int:
+    """Run ``trajectories ...``; the room is imported here, so ``--help`` stays fast."""
+    from objectrl_buffer.errors import ReplayBufferError
+    from objectrl_buffer.trajectory import TrajectoryReplayBuffer, merge_rank_folders, split_folder
+
+    try:
+        if args.action == "sample":
+            buffer = TrajectoryReplayBuffer(
+                seed=1234,
+                enable_cache=args.enable_cache,
+                cache_size=args.cache_size,
+                sample_window_size=args.sample_window_size,
+                allow_pickle=args.allow_pickle,
+            )
+            try:
+                buffer.load_checkpoint(args.load_path)
+                batch = buffer.sample(args.num_chunks)
+            finally:
+                buffer.close()
+            print(f"[sample] {batch.batch_size[0]} transitions from {len(buffer)} trajectories")
+            for key in batch.keys(include_nested=True, leaves_only=True):
+                value = batch.get(key)
+                print(f"  {format_key(key)}: {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}")
+            return 0
+        if args.action == "merge":
+            n = merge_rank_folders(args.source_path, args.save_path, move=args.move)
+        else:
+            n = split_folder(args.source_path, args.save_path, args.split_count, move=args.move)
+    except (ReplayBufferError, OSError) as exc:
+        print(f"objectrl-buffer trajectories {args.action}: FAILED: {exc}", file=sys.stderr)
+        return 1
+    print(f"{'moved' if args.move else 'copied'} {n} trajectories into {args.save_path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``objectrl-buffer`` console script; returns the exit code."""
     parser = argparse.ArgumentParser(
@@ -174,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     sweep = commands.add_parser("clean", help="remove storage folders that killed processes left behind")
     sweep.add_argument("dirs", nargs="*", metavar="DIR", help="parent folders to look in (default: /dev/shm, temp)")
     sweep.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    _trajectory_parser(commands)
     args = parser.parse_args(argv)
+    if args.command == "trajectories":
+        return trajectories(args)
     if args.command == "clean":
         return clean(args.dirs, args.dry_run)
     path = _resolve(args.path)

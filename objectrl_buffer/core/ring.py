@@ -144,6 +144,10 @@ class Ring:
         slots = torch.arange(start, start + count, device=device)
         return slots.remainder_(self.capacity) if start + count > self.capacity else slots
 
+    def phantom_mask(self, slots: torch.Tensor) -> torch.Tensor:
+        """Whether each of ``slots`` (counted rows) is a phantom one: among the oldest ``phantom`` counted."""
+        return (slots - (self.pointer - self.size)).remainder_(self.capacity) < self.phantom
+
     def back(self, steps: torch.Tensor) -> torch.Tensor:
         """Slots ``steps`` rows back from the newest (``0`` is the newest row)."""
         return (self.pointer - 1 - steps).remainder_(self.capacity)

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.checkpoint.generations import (
+from objectrl_buffer.checkpoint.io import atomic_write
+from objectrl_buffer.checkpoint.metadata import (
     FORMAT,
     FORMAT_VERSION,
-    atomic_write,
     check_ring,
     load_metadata,
     metadata_path,

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.checkpoint.generations import load_metadata, open_checkpoint
+from objectrl_buffer.checkpoint.generations import open_checkpoint
+from objectrl_buffer.checkpoint.metadata import load_metadata
 from objectrl_buffer.cli import commands as cli
 from objectrl_buffer.errors import CheckpointError
 from tests.support import assert_same, fill_rows, full_snapshot, signed

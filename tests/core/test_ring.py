@@ -65,3 +65,35 @@ def test_clear_keeps_or_changes_capacity() -> None:
     assert ring == Ring(4)
     ring.clear(7)
     assert ring == Ring(7)
+
+
+def test_phantom_rows_are_the_oldest_counted_and_writes_replace_them_first() -> None:
+    ring = Ring(6, size=6, pointer=2, phantom=4)  # counted: slots 2,3,4,5,0,1 oldest first; held: 0, 1
+    assert ring.held == 2 and ring.oldest == 0
+    assert ring.phantom_mask(torch.arange(6)).tolist() == [False, False, True, True, True, True]
+    assert ring.chronological("cpu").tolist() == [0, 1]
+    ring.advance(3)  # overwrites slots 2, 3, 4: three phantom rows
+    assert (ring.phantom, ring.held, ring.pointer) == (1, 5, 5)
+    assert ring.phantom_mask(torch.arange(6)).tolist() == [False, False, False, False, False, True]
+    ring.advance(10)
+    assert ring.phantom == 0 and ring.held == 6
+    ring.check()
+
+
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(1, 8), phantom=st.integers(0, 8), writes=st.lists(st.integers(0, 10), max_size=6))
+def test_phantom_rows_match_a_list_model(capacity: int, phantom: int, writes: list[int]) -> None:
+    """A full ring whose oldest ``phantom`` rows hold no data: the model is a list of (slot, holds data)."""
+    phantom = min(phantom, capacity)
+    ring = Ring(capacity, size=capacity, pointer=0, phantom=phantom)
+    model = [(s, s >= phantom) for s in range(capacity)]  # oldest first
+    written = 0
+    for n in writes:
+        ring.advance(n)
+        for _ in range(n):
+            model = [*model[1:], (written % capacity, True)]
+            written += 1
+        assert ring.held == sum(held for _, held in model)
+        assert ring.chronological("cpu").tolist() == [s for s, held in model if held]
+        mask = ring.phantom_mask(torch.tensor([s for s, _ in model]))
+        assert mask.tolist() == [not held for _, held in model]

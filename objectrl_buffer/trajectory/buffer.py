@@ -1,0 +1,458 @@
+"""``TrajectoryReplayBuffer``: RLinf's trajectory buffer on this library's storage.
+
+Rollout workers add whole batched trajectories ``[T, B, ...]``; the trainer samples transitions
+("chunks") uniformly, with replacement, from the newest ``sample_window_size`` trajectories. Rows live in
+a :class:`~objectrl_buffer.trajectory.rows.RowStore` (memory-mapped CPU storage by default), so sampling
+never reads a trajectory file. With ``save_trajectories=True`` a background thread also keeps an RLinf
+folder in ``storage_dir`` (:mod:`~objectrl_buffer.trajectory.files`) that loads after a kill at any moment.
+
+Differences from rlinf 0.3.0 (``rlinf/data/replay_buffer.py``), each on purpose:
+
+* ``capacity`` (transitions) evicts whole oldest trajectories (upstream grows without bound).
+* A trajectory without samples is a ``ValueError`` (upstream skips it silently).
+* The global RNG is never touched (upstream seeds ``np.random``).
+* ``save_checkpoint`` always writes a complete folder (upstream only warns without saving on).
+* ``clear_cache()`` waits for the writer and keeps the buffer usable (upstream shuts its writer down, so
+  the next saving add raises). ``enable_cache``/``cache_size`` are accepted and reported by
+  :meth:`get_stats`; every stored trajectory is in the library's storage, so a sample has no slow path.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from objectrl_buffer.core.schema import Schema
+from objectrl_buffer.core.seeding import derived_seed
+from objectrl_buffer.core.validate import positive_int
+from objectrl_buffer.errors import CheckpointError, ClosedBufferError, EmptyBufferError, InvalidArgumentError
+from objectrl_buffer.storage.table import make_tensordict
+from objectrl_buffer.trajectory import files
+from objectrl_buffer.trajectory.files import Entry, TrajectoryWriter
+from objectrl_buffer.trajectory.rows import Pairs, RowStore
+from objectrl_buffer.trajectory.trajectory import Flat, Trajectory, flatten, from_payload, to_payload
+
+__all__ = ["TrajectoryReplayBuffer"]
+
+_UNSET: Any = object()
+
+
+def _non_negative(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def _alias(name: str, value: Any, default: Any, alias: str, alias_value: Any) -> Any:
+    """``value``, or RLinf 0.3's renamed keyword ``alias`` if that was given instead (both differing: error)."""
+    if alias_value is _UNSET:
+        return default if value is _UNSET else value
+    if value is not _UNSET and value != alias_value:
+        raise InvalidArgumentError(f"{name}={value!r} and its alias {alias}={alias_value!r} disagree: pass one")
+    return alias_value
+
+
+class _Table:
+    """The stored trajectories, oldest first: their index entries and first row addresses, over one RowStore."""
+
+    def __init__(self, capacity: int | None, device: torch.device) -> None:
+        self.rows = RowStore(capacity, device)
+        self.entries: list[Entry] = []
+        self.firsts: list[int] = []
+        self.total = 0
+
+    def append(self, schema: Schema, pairs: Pairs, n: int, entry: Entry) -> tuple[int, list[Entry]]:
+        """Store one trajectory's rows, evicting whole oldest ones until it fits; return (first row, evicted)."""
+        evicted: list[Entry] = []
+        rows = self.rows
+        while rows.free < n:
+            old = self.entries.pop(0)
+            self.firsts.pop(0)
+            rows.drop_oldest(old.num_samples)
+            self.total -= old.num_samples
+            evicted.append(old)
+        first = rows.append(schema, pairs, n)
+        self.entries.append(entry)
+        self.firsts.append(first)
+        self.total += n
+        return first, evicted
+
+    def payload(self, i: int) -> dict[str, Any]:
+        """The file payload of the ``i``-th stored trajectory, from storage (CPU tensors)."""
+        entry = self.entries[i]
+        rows = {k: v.cpu() for k, v in self.rows.read(self.firsts[i], entry.num_samples).items()}
+        return to_payload(entry.shape, entry.max_episode_length, entry.model_weights_id, rows)
+
+
+def _shutdown(writer: TrajectoryWriter | None, table: list[_Table]) -> None:
+    """At close (or exit, or garbage collection): stop the writer after its queued work; free the rows."""
+    if writer is not None:
+        writer.close(wait=True)
+    table[0].rows.close()
+
+
+class TrajectoryReplayBuffer:
+    """Whole batched trajectories in, uniformly drawn transitions from the newest ones out.
+
+    Args (RLinf's, in its positional order):
+        seed: seed of the buffer's own ``torch.Generator`` (``None``: derived from torch's global seed,
+            see :mod:`~objectrl_buffer.core.seeding`). The global RNG is never touched.
+        enable_cache, cache_size: RLinf's cache settings (trajectories kept in RAM), kept for compatibility
+            and reported by :meth:`get_stats`. Every trajectory lives in the library's storage, so none is
+            ever read back from a file.
+        storage_dir: the RLinf folder the writer keeps (needed with ``save_trajectories``). If it already
+            holds a ``metadata.json``, the buffer resumes from it, as RLinf's seed-era buffer does.
+        storage_format: ``"pt"`` (``torch.save``) or ``"pkl"`` (pickle) trajectory files.
+        sample_window_size: sample from the newest N trajectories; 0 means all.
+        save_trajectories: persist every added trajectory in ``storage_dir`` on a background thread.
+
+    Keyword-only:
+        capacity: transitions kept at most (whole oldest trajectories are evicted); ``None``: unbounded.
+        device: where samples are returned. storing_device: where rows live (CPU: memory-mapped files).
+        allow_pickle: let :meth:`load_checkpoint` (and resuming) read ``.pkl`` files, which runs their code.
+        auto_save, auto_save_path, trajectory_format: RLinf 0.3's names of ``save_trajectories``,
+            ``storage_dir`` and ``storage_format``.
+
+    Raises:
+        InvalidArgumentError (a ValueError): an argument out of range, or ``save_trajectories`` without ``storage_dir``.
+    """
+
+    def __init__(
+        self,
+        seed: int | None = 1234,
+        enable_cache: bool = True,
+        cache_size: int = 5,
+        storage_dir: str | os.PathLike[str] | None = _UNSET,
+        storage_format: str = _UNSET,
+        sample_window_size: int = 100,
+        save_trajectories: bool = _UNSET,
+        *,
+        capacity: int | None = None,
+        device: str | torch.device = "cpu",
+        storing_device: str | torch.device = "cpu",
+        allow_pickle: bool = False,
+        auto_save: bool = _UNSET,
+        auto_save_path: str | os.PathLike[str] | None = _UNSET,
+        trajectory_format: str = _UNSET,
+    ) -> None:
+        save = _flag(_alias("save_trajectories", save_trajectories, False, "auto_save", auto_save), "save_trajectories")
+        folder = _alias("storage_dir", storage_dir, None, "auto_save_path", auto_save_path)
+        fmt = _alias("storage_format", storage_format, "pt", "trajectory_format", trajectory_format)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise InvalidArgumentError(f"seed must be an int or None, got {seed!r}")
+        self.enable_cache = _flag(enable_cache, "enable_cache")
+        self.cache_size = _non_negative(cache_size, "cache_size")
+        self.sample_window_size = _non_negative(sample_window_size, "sample_window_size")
+        if fmt not in files.FORMATS:
+            raise InvalidArgumentError(f"storage_format must be 'pt' or 'pkl', got {fmt!r}")
+        if folder == "":
+            folder = None
+        if save and folder is None:
+            raise InvalidArgumentError("save_trajectories=True needs storage_dir (the folder trajectories go to)")
+        self.capacity = None if capacity is None else positive_int(capacity, "capacity")
+        self.device = torch.device(device)
+        self.storing_device = torch.device(storing_device)
+        self.allow_pickle = _flag(allow_pickle, "allow_pickle")
+        self.storage_dir = None if folder is None else os.fspath(folder)
+        self.storage_format = fmt
+        self.save_trajectories = save
+        self.seed = derived_seed() if seed is None else seed
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self._lock = threading.RLock()
+        self._holder = [_Table(self.capacity, self.storing_device)]  # a list: the finalizer sees swaps
+        self._counter = 0
+        self._version = 0
+        self._window: tuple[int, int, torch.Tensor, torch.Tensor, int] | None = None
+        self._closed = False
+        self._writer: TrajectoryWriter | None = None
+        if save:
+            assert self.storage_dir is not None
+            if os.path.exists(os.path.join(self.storage_dir, files.METADATA)):
+                folder_info = files.read_folder(self.storage_dir)
+                if folder_info.fmt != fmt:
+                    raise InvalidArgumentError(
+                        f"storage_dir '{self.storage_dir}' holds '{folder_info.fmt}' trajectories, not '{fmt}'"
+                    )
+                self._load(folder_info, folder_info.entries)
+            self._writer = TrajectoryWriter(self.storage_dir, fmt, self.seed, self._table.entries)
+        self._finalizer = weakref.finalize(self, _shutdown, self._writer, self._holder)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def _table(self) -> _Table:
+        return self._holder[0]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedBufferError("this TrajectoryReplayBuffer was closed; build a new one")
+
+    def __len__(self) -> int:
+        """Number of stored trajectories."""
+        return len(self._table.entries)
+
+    @property
+    def size(self) -> int:
+        """Number of stored trajectories (RLinf's attribute)."""
+        return len(self._table.entries)
+
+    @property
+    def total_samples(self) -> int:
+        """Number of stored transitions (``sum T*B``)."""
+        return self._table.total
+
+    @property
+    def trajectory_ids(self) -> list[int]:
+        """Ids of the stored trajectories, oldest first."""
+        return [e.trajectory_id for e in self._table.entries]
+
+    def is_ready(self, min_size: int) -> bool:
+        """Whether at least ``min_size`` trajectories are stored."""
+        return len(self) >= min_size
+
+    async def is_ready_async(self, min_size: int) -> bool:
+        """:meth:`is_ready`, awaitable (RLinf's async trainers poll it)."""
+        return self.is_ready(min_size)
+
+    def get_stats(self) -> dict[str, int]:
+        """``{num_trajectories, total_samples, cache_size}`` (RLinf's keys)."""
+        n = len(self)
+        return {
+            "num_trajectories": n,
+            "total_samples": self.total_samples,
+            "cache_size": min(n, self.cache_size) if self.enable_cache else 0,
+        }
+
+    # ------------------------------------------------------------------ adding
+    def add_trajectories(
+        self, trajectories: Sequence[Trajectory | TensorDictBase] | Trajectory | TensorDictBase
+    ) -> None:
+        """Store each trajectory (a :class:`Trajectory`, or a TensorDict of batch size ``[T, B]``) as ``T*B`` rows.
+
+        Ids are sequential ints. Every trajectory is checked (shapes, the stored schema, ``capacity``) before
+        any is stored: a bad one raises (``ValueError``/:class:`SchemaError`) and leaves the buffer as it was.
+        With ``save_trajectories`` the files are written in the background (see :meth:`flush`).
+        """
+        self._check_open()
+        if isinstance(trajectories, (Trajectory, TensorDictBase)):
+            trajectories = [trajectories]
+        if not isinstance(trajectories, Sequence):
+            raise InvalidArgumentError(
+                f"trajectories must be a list of Trajectory or TensorDict, got {type(trajectories).__name__}"
+            )
+        if not trajectories:
+            return
+        if self._writer is not None:
+            self._writer.raise_error()
+        with self._lock:
+            table = self._table
+            schema = table.rows.schema
+            ready: list[tuple[Flat, Schema, Pairs, int]] = []
+            for i, item in enumerate(trajectories):
+                where = f"trajectories[{i}]"
+                flat = flatten(item, where)
+                schema, pairs, n = table.rows.prepare(flat.rows, schema)
+                if self.capacity is not None and n > self.capacity:
+                    raise InvalidArgumentError(f"{where} has {n} transitions, more than capacity={self.capacity}")
+                ready.append((flat, schema, pairs, n))
+            for flat, schema, pairs, n in ready:
+                self._store(table, flat, schema, pairs, n, self._counter, persist=True)
+                self._counter += 1
+            self._version += 1
+
+    def _store(
+        self, table: _Table, flat: Flat, schema: Schema, pairs: Pairs, n: int, trajectory_id: int, persist: bool
+    ) -> None:
+        entry = Entry(trajectory_id, n, flat.max_episode_length, flat.shape, flat.model_weights_id)
+        _, evicted = table.append(schema, pairs, n, entry)
+        writer = self._writer
+        if persist and writer is not None:
+            if evicted:
+                writer.drop([e.trajectory_id for e in evicted])
+            writer.submit(entry, table.payload(len(table.entries) - 1))
+
+    # ------------------------------------------------------------------ sampling
+    def _window_tensors(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """``(cumulative ends, address offsets, transitions)`` of the window, cached per add and window size."""
+        window = self.sample_window_size
+        cached = self._window
+        if cached is not None and cached[0] == self._version and cached[1] == window:
+            return cached[2], cached[3], cached[4]
+        table = self._table
+        start = max(0, len(table.entries) - window) if window > 0 else 0
+        counts = torch.tensor([e.num_samples for e in table.entries[start:]], dtype=torch.int64)
+        firsts = torch.tensor(table.firsts[start:], dtype=torch.int64)
+        ends = counts.cumsum(0)
+        offsets = firsts - (ends - counts)  # address = sample index + offset of its trajectory
+        total = int(ends[-1]) if ends.numel() else 0
+        self._window = (self._version, window, ends, offsets, total)
+        return ends, offsets, total
+
+    def sample(self, num_chunks: int) -> TensorDict:
+        """``num_chunks`` transitions drawn uniformly with replacement from the newest ``sample_window_size``
+        trajectories, as a TensorDict of batch size ``[k]`` on ``device`` (nested keys for the dict fields).
+
+        ``k = min(num_chunks, transitions in the window)``, as RLinf clips it.
+
+        Raises:
+            InvalidArgumentError: ``num_chunks`` is not a positive int.
+            EmptyBufferError (a RuntimeError): "Cannot sample from an empty buffer."
+        """
+        self._check_open()
+        num_chunks = positive_int(num_chunks, "num_chunks")
+        with self._lock:
+            if self._table.total == 0:
+                raise EmptyBufferError("Cannot sample from an empty buffer.")
+            ends, offsets, total = self._window_tensors()
+            k = min(num_chunks, total)
+            index = torch.randint(total, (k,), generator=self.generator)
+            addresses = index + offsets[torch.bucketize(index, ends, right=True)]
+            if self.storing_device.type != "cpu":
+                addresses = addresses.to(self.storing_device)
+            values = self._table.rows.gather(addresses)
+        if self.device != self.storing_device:
+            values = {key: value.to(self.device) for key, value in values.items()}
+        return make_tensordict(values, torch.Size([k]), self.device)
+
+    # ------------------------------------------------------------------ lifecycle
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every added trajectory is on disk and indexed (no-op without ``save_trajectories``).
+
+        Raises ``TimeoutError`` after ``timeout`` seconds, :class:`CheckpointError` if writing failed."""
+        self._check_open()
+        if self._writer is not None:
+            self._writer.flush(timeout)
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the writer after its queued work (with ``wait``, wait for it) and free the rows. Idempotent;
+        any later use raises :class:`ClosedBufferError`."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer.detach()
+        try:
+            if self._writer is not None:
+                self._writer.close(wait=wait)  # raises the writer's failure, if any
+        finally:
+            self._table.rows.close()
+
+    def clear(self) -> None:
+        """Forget every trajectory and reset the id counter. The writer's index is emptied too; trajectory
+        files already written stay on disk (as RLinf leaves them), unindexed."""
+        self._check_open()
+        with self._lock:
+            old = self._table
+            self._holder[0] = _Table(self.capacity, self.storing_device)
+            old.rows.close()
+            self._counter = 0
+            self._version += 1
+            if self._writer is not None:
+                self._writer.reset([])
+
+    def clear_cache(self) -> None:
+        """RLinf's ``clear_cache``: wait for pending writes. Rows stay stored and the buffer stays usable."""
+        self.flush()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, save_path: str | os.PathLike[str]) -> None:
+        """Write every stored trajectory to ``save_path`` as an RLinf folder (files first, then index and
+        metadata, each atomically). Into the buffer's own ``storage_dir`` this is a :meth:`flush`."""
+        self._check_open()
+        path = os.fspath(save_path)
+        writer = self._writer
+        if writer is not None and os.path.realpath(path) == os.path.realpath(writer.folder):
+            writer.flush()
+            return
+        os.makedirs(path, exist_ok=True)
+        with self._lock:
+            table = self._table
+            for i, entry in enumerate(table.entries):
+                name = files.file_name(entry.trajectory_id, entry.model_weights_id, self.storage_format)
+                files.write_payload(os.path.join(path, name), table.payload(i), self.storage_format)
+            files.write_index(path, list(table.entries), self.storage_format, self.seed)
+
+    def load_checkpoint(
+        self,
+        load_path: str | os.PathLike[str],
+        is_distributed: bool = False,
+        local_rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        """Replace the buffer's trajectories with those of an RLinf folder (ours or RLinf's own).
+
+        With ``is_distributed``, only rank ``local_rank``'s contiguous share of the index, the remainder
+        going to the low ranks (10 trajectories over 3 ranks: 4, 3, 3). The generator is re-seeded from the
+        folder's seed, as RLinf does. Ids are kept; the next id follows the largest loaded one (a full
+        load: the folder's counter).
+
+        Raises:
+            InvalidArgumentError: ``local_rank`` outside ``[0, world_size)``, ``world_size`` < 1.
+            CheckpointNotFoundError (a FileNotFoundError): the metadata, index or trajectory files are
+                missing (all of them named). CheckpointError: a damaged folder, or ``.pkl`` files without
+                ``allow_pickle``. The buffer is unchanged by any of these.
+        """
+        self._check_open()
+        path = os.fspath(load_path)
+        if is_distributed:
+            world_size = positive_int(world_size, "world_size")
+            if isinstance(local_rank, bool) or not isinstance(local_rank, int) or not 0 <= local_rank < world_size:
+                raise InvalidArgumentError(f"local_rank ({local_rank!r}) must be in range [0, {world_size})")
+        folder = files.read_folder(path)
+        entries = folder.entries
+        if is_distributed:
+            per, extra = divmod(len(entries), world_size)
+            start = local_rank * per + min(local_rank, extra)
+            entries = entries[start : start + per + (1 if local_rank < extra else 0)]
+        own = self._writer is not None and os.path.realpath(path) == os.path.realpath(self._writer.folder)
+        if own and is_distributed:
+            raise InvalidArgumentError(
+                f"a sharded load from the buffer's own storage_dir '{path}' would drop the other ranks' "
+                "trajectories from its index: give each rank its own storage_dir"
+            )
+        with self._lock:
+            self._load(folder, entries)
+            if self._writer is not None:
+                table = self._table
+                self._writer.reset([] if not own else list(table.entries))
+                if not own:
+                    for i, entry in enumerate(table.entries):
+                        self._writer.submit(entry, table.payload(i))
+
+    def _load(self, folder: files.Folder, entries: list[Entry]) -> None:
+        """Build a new table from ``entries``' files, then swap it in (the old one is untouched on error)."""
+        paths = files.find_files(files.Folder(folder.path, folder.metadata, entries, folder.fmt))
+        table = _Table(self.capacity, self.storing_device)
+        try:
+            schema = None
+            for entry, file in zip(entries, paths, strict=True):
+                flat = from_payload(files.load_payload(file, self.allow_pickle), f"'{file}'")
+                schema, pairs, n = table.rows.prepare(flat.rows, schema)
+                if n != entry.num_samples:
+                    raise CheckpointError(f"'{file}' holds {n} transitions, its index entry says {entry.num_samples}")
+                if self.capacity is not None and n > self.capacity:
+                    raise InvalidArgumentError(f"'{file}' has {n} transitions, more than capacity={self.capacity}")
+                table.append(schema, pairs, n, entry)
+        except BaseException:
+            table.rows.close()
+            raise
+        old, self._holder[0] = self._holder[0], table
+        old.rows.close()
+        ids = [e.trajectory_id for e in entries]
+        counter = folder.metadata.get("trajectory_counter", 0) if len(entries) == len(folder.entries) else 0
+        self._counter = max(counter if isinstance(counter, int) else 0, max(ids, default=-1) + 1)
+        seed = folder.seed
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            self.seed = seed
+            self.generator.manual_seed(seed)
+        self._version += 1

@@ -1,0 +1,149 @@
+"""Where trajectory rows live: the library's storage, addressed by a global row number that only grows.
+
+Every row ever written gets an address ``0, 1, 2, ...``; a trajectory is the contiguous addresses
+``first .. first + n - 1``.
+
+* With a ``capacity`` (rows): one :class:`~objectrl_buffer.storage.table.TransitionStorage` of that many
+  slots and a :class:`~objectrl_buffer.core.ring.Ring` over it; address ``a`` sits in slot ``a % capacity``.
+  The caller evicts whole oldest trajectories (:meth:`RowStore.drop_oldest`) until a new one fits.
+* Unbounded: storages of ``chunk_rows`` slots each, appended as rows arrive; address ``a`` sits in chunk
+  ``a // chunk_rows`` at slot ``a % chunk_rows``. A trajectory may straddle two chunks.
+
+CPU storage is memory-mapped (RAM-backed by default, see :mod:`~objectrl_buffer.storage.placement`), so
+sampling reads the storage only, never a file some writer thread may still be producing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from objectrl_buffer.core.ring import Ring
+from objectrl_buffer.core.schema import Field, Key, Schema
+from objectrl_buffer.errors import ClosedBufferError
+from objectrl_buffer.storage.table import TransitionStorage
+
+__all__ = ["RowStore", "CHUNK_BYTES"]
+
+#: Target size of one chunk of an unbounded store (all columns together).
+CHUNK_BYTES = 256 << 20
+
+Pairs = list[tuple[Field, Any]]
+
+
+class RowStore:
+    """Rows of one schema, written in order and read by address.
+
+    Args:
+        capacity: rows kept at most (ring), or ``None`` for unbounded (chunks).
+        device: the storing device.
+        chunk_rows: rows per chunk when unbounded (``None``: about :data:`CHUNK_BYTES` per chunk, >= 4096).
+    """
+
+    def __init__(self, capacity: int | None, device: torch.device, chunk_rows: int | None = None) -> None:
+        self.capacity = capacity
+        self.device = device
+        self.ring = Ring(capacity) if capacity is not None else None
+        self.chunk_rows = capacity if capacity is not None else chunk_rows
+        self.schema: Schema | None = None
+        self.chunks: list[TransitionStorage] = []
+        self.next_row = 0  # address of the next row written
+        self.warned: set[Key] = set()
+        self.closed = False
+
+    # ------------------------------------------------------------------ writing
+    def prepare(self, rows: dict[Key, torch.Tensor], schema: Schema | None) -> tuple[Schema, Pairs, int]:
+        """Check ``rows`` against ``schema`` (the stored one, or one inferred from an earlier trajectory of
+        the same add) and convert them; nothing is written. Raises :class:`SchemaError`."""
+        if schema is None:
+            schema, values = Schema.infer(rows, 1)
+            pairs: Pairs = [(f, values[f.key]) for f in schema.fields]
+            n = next(iter(values.values())).shape[0]
+            return schema, pairs, n
+        pairs, n = schema.check(rows, 1, self.warned)
+        return schema, pairs, n
+
+    def _new_chunk(self, schema: Schema, pairs: Pairs) -> TransitionStorage:
+        assert self.chunk_rows is not None
+        storage = TransitionStorage(self.chunk_rows, self.device)
+        storage.initialize(schema, {f.key: torch.as_tensor(v)[0] for f, v in pairs})
+        self.chunks.append(storage)
+        return storage
+
+    def append(self, schema: Schema, pairs: Pairs, n: int) -> int:
+        """Write ``n`` rows after the newest; return the address of the first. A ring must have room
+        (``ring.size + n <= capacity``: the caller evicted first)."""
+        if self.closed:
+            raise ClosedBufferError("this trajectory buffer was closed: its storage is freed")
+        if self.schema is None:
+            self.schema = schema
+            if self.chunk_rows is None:
+                self.chunk_rows = max(4096, CHUNK_BYTES // max(schema.row_bytes, 1))
+        start = self.next_row
+        ring = self.ring
+        if ring is not None:
+            assert ring.size + n <= ring.capacity
+            storage = self.chunks[0] if self.chunks else self._new_chunk(schema, pairs)
+            storage.write_rows(ring.pointer, pairs, 0, n)
+            ring.advance(n)
+        else:
+            done = 0
+            size = self.chunk_rows
+            assert size is not None
+            while done < n:
+                index, offset = divmod(start + done, size)
+                storage = self.chunks[index] if index < len(self.chunks) else self._new_chunk(schema, pairs)
+                m = min(n - done, size - offset)
+                storage.write_rows(offset, pairs, done, m)
+                done += m
+        self.next_row = start + n
+        return start
+
+    def drop_oldest(self, n: int) -> None:
+        """Forget the ``n`` oldest rows of a ring (their slots are free for the next writes)."""
+        assert self.ring is not None and n <= self.ring.size
+        self.ring.size -= n
+
+    @property
+    def free(self) -> int:
+        """Rows a ring can take without evicting (unbounded: no limit)."""
+        return self.ring.capacity - self.ring.size if self.ring is not None else 1 << 62
+
+    # ------------------------------------------------------------------ reading
+    def gather(self, addresses: torch.Tensor) -> dict[Key, torch.Tensor]:
+        """New tensors ``[len(addresses), ...]`` of the rows at ``addresses`` (int64, CPU), on the storing device."""
+        if self.closed:
+            raise ClosedBufferError("this trajectory buffer was closed: its storage is freed")
+        size = self.chunk_rows
+        assert size is not None and self.chunks
+        if len(self.chunks) == 1:
+            return self.chunks[0].gather(addresses.remainder(size) if addresses.numel() else addresses)
+        chunk = addresses.div(size, rounding_mode="floor")
+        first, last = int(chunk.min()), int(chunk.max())
+        if first == last:
+            return self.chunks[first].gather(addresses - first * size)
+        out: dict[Key, torch.Tensor] = {}
+        for index in torch.unique(chunk).tolist():
+            positions = (chunk == index).nonzero().squeeze(1)
+            part = self.chunks[index].gather(addresses[positions] - index * size)
+            for key, value in part.items():
+                target = out.get(key)
+                if target is None:
+                    target = out[key] = value.new_empty((addresses.numel(), *value.shape[1:]))
+                if target.device.type == "cpu":  # NumPy's fancy assignment: ~20x torch's index_put on a CPU
+                    target.numpy()[positions.numpy()] = value.numpy()
+                else:
+                    target.index_copy_(0, positions, value)
+        return out
+
+    def read(self, first: int, n: int) -> dict[Key, torch.Tensor]:
+        """Copies of the ``n`` rows from address ``first`` on (one trajectory), on the storing device."""
+        return self.gather(torch.arange(first, first + n, dtype=torch.int64))
+
+    def close(self) -> None:
+        """Free every chunk (memory and files). Idempotent."""
+        for storage in self.chunks:
+            storage.close()
+        self.chunks = []
+        self.closed = True

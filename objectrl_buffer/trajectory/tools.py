@@ -1,0 +1,162 @@
+"""Merge per-rank trajectory folders into one, or split the first N trajectories off one (RLinf's toolkit).
+
+Unlike RLinf's ``merge_or_split_replay_buffer.py`` (which moves the user's files by default and writes in
+place), both tools copy by default and build the destination in a temp folder beside it, renamed into
+place at the end: a failure leaves the source untouched and no half-made destination. ``move=True``
+removes the source's files only after the destination is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from objectrl_buffer.checkpoint.io import fsync_path, progress_bar
+from objectrl_buffer.errors import CheckpointNotFoundError, InvalidArgumentError
+from objectrl_buffer.trajectory import files
+from objectrl_buffer.trajectory.files import Entry, Folder
+
+__all__ = ["merge_rank_folders", "split_folder"]
+
+#: Files copied (and fsynced) at once.
+COPY_THREADS = 8
+_RANK = re.compile(r"^rank_(\d+)$")
+
+
+def _check_destination(destination: str, sources: list[str]) -> None:
+    if os.path.exists(destination) and (not os.path.isdir(destination) or os.listdir(destination)):
+        raise InvalidArgumentError(f"save path '{destination}' already exists and is not an empty folder")
+    real = os.path.realpath(destination)
+    for source in sources:
+        if real == os.path.realpath(source) or real.startswith(os.path.realpath(source) + os.sep):
+            raise InvalidArgumentError(f"save path '{destination}' must lie outside the source '{source}'")
+
+
+def _publish(destination: str, items: list[tuple[str, Entry]], fmt: str, seed: Any, progress: bool | None) -> None:
+    """Copy ``(source file, new entry)`` pairs into a temp folder, index it, rename it to ``destination``."""
+    destination = os.path.abspath(destination)
+    parent = os.path.dirname(destination)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(destination)}.", suffix=".tmp", dir=parent)
+    try:
+        total = sum(os.path.getsize(path) for path, _ in items)
+
+        def copy(item: tuple[str, Entry]) -> int:
+            path, entry = item
+            target = os.path.join(tmp, files.file_name(entry.trajectory_id, entry.model_weights_id, fmt))
+            shutil.copy2(path, target)
+            fsync_path(target)  # durable before the folder is renamed into place
+            return os.path.getsize(target)
+
+        # fsync waits on the device with the GIL released: several in flight overlap their waits
+        with progress_bar(total, "copying trajectories", progress) as bar, ThreadPoolExecutor(COPY_THREADS) as pool:
+            for nbytes in pool.map(copy, items):
+                bar.update(nbytes)
+        files.write_index(tmp, [e for _, e in items], fmt, seed, legacy=True, storage_dir=destination)
+        if os.path.isdir(destination):
+            os.rmdir(destination)  # empty (checked): rename needs it gone
+        os.rename(tmp, destination)
+        fsync_path(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _rank_folders(source: str) -> list[str]:
+    if not os.path.isdir(source):
+        raise CheckpointNotFoundError(f"source path '{source}' is not a folder")
+    ranks = sorted(
+        ((int(m.group(1)), name) for name in os.listdir(source) if (m := _RANK.match(name))),
+    )
+    found = [os.path.join(source, name) for _, name in ranks if os.path.isdir(os.path.join(source, name))]
+    if not found:
+        raise CheckpointNotFoundError(f"no rank_* folders found in '{source}'")
+    return found
+
+
+def merge_rank_folders(
+    source_path: str | os.PathLike[str],
+    save_path: str | os.PathLike[str],
+    *,
+    move: bool = False,
+    progress: bool | None = None,
+) -> int:
+    """Merge the ``rank_*`` folders of ``source_path`` (numeric rank order) into ``save_path``.
+
+    Ids are renumbered ``0..`` in (original id, rank) order, interleaving the ranks as RLinf does; the
+    metadata takes the first rank's seed and both index file names are written. Returns the count.
+
+    Raises:
+        CheckpointNotFoundError (FileNotFoundError): no ``rank_*`` folder, or a file an index names is missing.
+        InvalidArgumentError (ValueError): ranks with different formats, or ``save_path`` not empty.
+    """
+    source, destination = os.fspath(source_path), os.fspath(save_path)
+    ranks = _rank_folders(source)
+    _check_destination(destination, [source])
+    folders = [files.read_folder(path) for path in ranks]
+    formats = {f.fmt for f in folders}
+    if len(formats) > 1:
+        raise InvalidArgumentError(f"the rank folders of '{source}' mix trajectory formats {sorted(formats)}")
+    found = []
+    for rank, folder in enumerate(folders):
+        for path, entry in zip(files.find_files(folder), folder.entries, strict=True):
+            found.append((entry.trajectory_id, rank, path, entry))
+    found.sort(key=lambda item: (item[0], item[1]))
+    items = [(path, entry.renumbered(i)) for i, (_, _, path, entry) in enumerate(found)]
+    _publish(destination, items, folders[0].fmt, folders[0].seed, progress)
+    if move:
+        for folder in folders:
+            _remove_folder_files(folder)
+    return len(items)
+
+
+def split_folder(
+    source_path: str | os.PathLike[str],
+    save_path: str | os.PathLike[str],
+    split_count: int,
+    *,
+    move: bool = False,
+    progress: bool | None = None,
+) -> int:
+    """Copy the first ``split_count`` trajectories of ``source_path`` (index order) to ``save_path``,
+    renumbered ``0..split_count-1`` as RLinf does. With ``move`` they leave the source, whose index then
+    names the rest. Returns ``split_count``.
+
+    Raises:
+        InvalidArgumentError (ValueError): ``split_count`` <= 0 or more than the folder holds; ``save_path`` not empty.
+        CheckpointNotFoundError (FileNotFoundError): the folder's metadata, index or a file is missing.
+    """
+    source, destination = os.fspath(source_path), os.fspath(save_path)
+    if isinstance(split_count, bool) or not isinstance(split_count, int) or split_count <= 0:
+        raise InvalidArgumentError(f"split_count must be a positive int, got {split_count!r}")
+    folder = files.read_folder(source)
+    if split_count > len(folder.entries):
+        raise InvalidArgumentError(
+            f"split_count={split_count} is more than the {len(folder.entries)} trajectories in '{source}'"
+        )
+    _check_destination(destination, [source])
+    taken = Folder(folder.path, folder.metadata, folder.entries[:split_count], folder.fmt)
+    paths = files.find_files(taken)
+    items = [(path, entry.renumbered(i)) for i, (path, entry) in enumerate(zip(paths, taken.entries, strict=True))]
+    _publish(destination, items, folder.fmt, folder.seed, progress)
+    if move:
+        rest = folder.entries[split_count:]
+        files.write_index(source, rest, folder.fmt, folder.seed)  # the index stops naming them first
+        for path in paths:
+            os.unlink(path)
+    return split_count
+
+
+def _remove_folder_files(folder: Folder) -> None:
+    """After a move: the folder's index and metadata (it no longer is a buffer), then its trajectory files."""
+    paths = files.find_files(folder)
+    for name in (files.METADATA, files.INDEX, files.LEGACY_INDEX):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder.path, name))
+    for path in paths:
+        os.unlink(path)

@@ -1,0 +1,207 @@
+"""What one trajectory is: RLinf's ``Trajectory`` dataclass, and how it becomes rows ``[T*B, ...]``.
+
+A trajectory holds tensors ``[T, B, ...]`` (``T`` steps of ``B`` parallel environments) and three dicts of
+such tensors (``forward_inputs``, ``curr_obs``, ``next_obs``). Stored, it is ``T*B`` rows (transitions),
+time-major: row ``t*B + b`` is step ``t`` of environment ``b``, as RLinf flattens it.
+
+Done-like fields (``dones``, ``terminations``, ``truncations``) may carry ``T + E`` rows: RLinf's rollout
+of ``E`` epochs of ``T/E`` steps each records one extra row at the start of every epoch (the state before
+the first step). As RLinf does, the first row of each epoch segment is dropped, so the field lines up
+with ``rewards``: ``reshape(E, T/E + 1, ...)[:, 1:]``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from objectrl_buffer.core.schema import Key
+from objectrl_buffer.errors import InvalidArgumentError
+
+__all__ = [
+    "Trajectory",
+    "Flat",
+    "DICT_FIELDS",
+    "DONE_FIELDS",
+    "flatten",
+    "from_payload",
+    "to_payload",
+    "check_weights_id",
+]
+
+#: Fields that are dicts of tensors ``[T, B, ...]``.
+DICT_FIELDS = ("forward_inputs", "curr_obs", "next_obs")
+#: Fields that may carry one extra row per rollout epoch.
+DONE_FIELDS = ("dones", "terminations", "truncations")
+#: Metadata fields (not rows).
+META_FIELDS = ("max_episode_length", "model_weights_id")
+# model_weights_id goes into a file name: no separators, no "..", nothing a shell or glob treats specially
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_.\-]*$")
+
+
+@dataclass
+class Trajectory:
+    """One batched rollout, RLinf's field names (``rlinf.data.embodied_io_struct.Trajectory``, 0.3).
+
+    Tensors are ``[T, B, ...]`` on any device (copied to the storing device when added); ``None`` fields
+    are not stored. ``dones``/``terminations``/``truncations`` may have ``T + E`` rows (see the module).
+    ``model_weights_id`` (RLinf: ``"{uuid}_{update_count}"``) goes into the file name.
+    """
+
+    max_episode_length: int = 0
+    model_weights_id: str = ""
+    actions: torch.Tensor | None = None
+    intervene_flags: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    terminations: torch.Tensor | None = None
+    truncations: torch.Tensor | None = None
+    dones: torch.Tensor | None = None
+    prev_logprobs: torch.Tensor | None = None
+    prev_values: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
+    forward_inputs: dict[str, Any] = field(default_factory=dict)
+    curr_obs: dict[str, Any] = field(default_factory=dict)
+    next_obs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Flat:
+    """A trajectory as rows: ``rows[key]`` is ``[T*B, ...]`` (nested keys for the dict fields)."""
+
+    rows: dict[Key, torch.Tensor]
+    shape: tuple[int, ...]  # RLinf's index "shape": that of prev_logprobs (else rewards), [T, B, ...]
+    max_episode_length: int
+    model_weights_id: str
+
+    @property
+    def num_samples(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+
+def check_weights_id(value: Any, where: str) -> str:
+    """``value`` if it is a string that is safe inside a file name, else :class:`InvalidArgumentError`."""
+    if not isinstance(value, str) or not _SAFE_ID.match(value) or value in {".", ".."}:
+        raise InvalidArgumentError(
+            f"{where}: model_weights_id must be a str of letters, digits, '_', '-' and '.', got {value!r}"
+        )
+    return value
+
+
+def _align(name: str, tensor: torch.Tensor, T: int) -> torch.Tensor:
+    """A done-like field with ``T + E`` rows as ``T`` rows: drop the first row of each epoch (RLinf's rule)."""
+    extra = tensor.shape[0] - T
+    if extra <= 0:
+        return tensor
+    if T % extra:
+        raise InvalidArgumentError(
+            f"field '{name}' has {tensor.shape[0]} rows for T={T}: the {extra} extra rows must split T evenly"
+        )
+    return tensor.reshape(extra, T // extra + 1, *tensor.shape[1:])[:, 1:].reshape(T, *tensor.shape[1:])
+
+
+def flatten(item: Trajectory | TensorDictBase | Mapping[str, Any], where: str, *, strict: bool = True) -> Flat:
+    """Rows ``[T*B, ...]`` of a :class:`Trajectory`, a TensorDict of batch size ``[T, B]``, or a file payload.
+
+    ``strict=False`` (files RLinf wrote) skips values that are not ``[T, B, ...]`` tensors, as RLinf's
+    sampler does; otherwise they are an :class:`InvalidArgumentError` naming ``where`` and the field.
+    The returned tensors may be views of the input: callers copy them into storage.
+    """
+    if isinstance(item, TensorDictBase):
+        if item.batch_dims != 2:
+            raise InvalidArgumentError(
+                f"{where}: a TensorDict trajectory needs batch size [T, B], got {item.batch_size}"
+            )
+        T, B = item.batch_size
+        if T * B == 0:
+            raise InvalidArgumentError(f"{where}: a trajectory with no samples (batch size {list(item.batch_size)})")
+        rows: dict[Key, torch.Tensor] = {}
+        for key in item.keys(include_nested=True, leaves_only=True):
+            rows[key] = item.get(key).reshape(T * B, *item.get(key).shape[2:])
+        if not rows:
+            raise InvalidArgumentError(f"{where}: the TensorDict trajectory holds no tensors")
+        return Flat(rows, (T, B), 0, "")
+    if isinstance(item, Trajectory):
+        values = {f.name: getattr(item, f.name) for f in fields(item)}
+    elif isinstance(item, Mapping):
+        values = dict(item)
+    else:
+        raise InvalidArgumentError(
+            f"{where}: expected a Trajectory or a TensorDict of batch size [T, B], got {type(item).__name__}"
+        )
+    ref = values.get("prev_logprobs")
+    if not isinstance(ref, torch.Tensor):
+        ref = values.get("rewards")
+    if not isinstance(ref, torch.Tensor) or ref.dim() < 2 or ref.shape[0] * ref.shape[1] == 0:
+        raise InvalidArgumentError(
+            f"{where}: a trajectory with no samples (prev_logprobs and rewards are both missing or empty)"
+        )
+    T, B = int(ref.shape[0]), int(ref.shape[1])
+    shape = tuple(int(s) for s in ref.shape)
+    mel = values.get("max_episode_length", 0)
+    if isinstance(mel, bool) or not isinstance(mel, int):
+        raise InvalidArgumentError(f"{where}: max_episode_length must be an int, got {mel!r}")
+    weights_id = check_weights_id(values.get("model_weights_id", ""), where)
+    out: dict[Key, torch.Tensor] = {}
+
+    def take(key: Key, name: str, value: Any) -> None:
+        if value is None:
+            return
+        ok = isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == B
+        if ok and value.shape[0] != T:
+            ok = name in DONE_FIELDS and value.shape[0] > T
+        if not ok:
+            if strict:
+                got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise InvalidArgumentError(f"{where}: field '{name}' must be a tensor [T={T}, B={B}, ...], got {got}")
+            return
+        if value.shape[0] != T:
+            value = _align(name, value, T)
+        out[key] = value.reshape(T * B, *value.shape[2:])
+
+    for name, value in values.items():
+        if name in META_FIELDS:
+            continue
+        if name in DICT_FIELDS or isinstance(value, Mapping):
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise InvalidArgumentError(
+                    f"{where}: field '{name}' must be a dict of tensors, got {type(value).__name__}"
+                )
+            for sub, tensor in value.items():
+                take((name, str(sub)), f"{name}.{sub}", tensor)
+        else:
+            take(name, name, value)
+    return Flat(out, shape, mel, weights_id)
+
+
+def to_payload(
+    shape: tuple[int, ...], max_episode_length: int, weights_id: str, rows: Mapping[Key, torch.Tensor]
+) -> dict[str, Any]:
+    """What a trajectory file holds (RLinf's layout): fields ``[T, B, ...]``, dict fields as dicts, and
+    ``max_episode_length`` / ``model_weights_id``. ``rows`` are the stored rows ``[T*B, ...]`` (CPU);
+    ``shape[:2]`` is ``(T, B)``."""
+    T, B = shape[0], shape[1]
+    payload: dict[str, Any] = {"max_episode_length": max_episode_length, "model_weights_id": weights_id}
+    for key, value in rows.items():
+        tensor = value.reshape(T, B, *value.shape[1:])
+        if isinstance(key, str):
+            payload[key] = tensor
+            continue
+        node = payload
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = tensor
+    return payload
+
+
+def from_payload(payload: Any, where: str) -> Flat:
+    """A trajectory file's payload (a dict as RLinf writes it) as rows; lenient like RLinf's reader."""
+    if not isinstance(payload, Mapping):
+        raise InvalidArgumentError(f"{where}: a trajectory file must hold a dict, got {type(payload).__name__}")
+    return flatten(payload, where, strict=False)
