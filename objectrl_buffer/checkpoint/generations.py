@@ -69,6 +69,7 @@ from objectrl_buffer.storage.table import TransitionStorage
 __all__ = [
     "METADATA_SUFFIX",
     "FORMAT",
+    "checkpoint_base",
     "metadata_path",
     "metadata_crc32",
     "atomic_write",
@@ -95,9 +96,23 @@ METADATA_CRC32 = "metadata_crc32"
 MAX_METADATA_BYTES = 16 << 20
 
 
+def checkpoint_base(path: str | os.PathLike[str]) -> str:
+    """The checkpoint ``path`` names, as the path its files are named after (``<base>.metadata``, ...).
+
+    ``run`` and ``run.metadata`` (the metadata file's own name, as the CLI takes it) name the same
+    checkpoint. Only where ``run.metadata`` does not exist but ``run.metadata.metadata`` does (saved by
+    0.1.0 at a path ending in ``.metadata``) does ``run.metadata`` keep its old meaning, so such a
+    checkpoint still loads and later saves go on writing it.
+    """
+    path = os.fspath(path)
+    if path.endswith(METADATA_SUFFIX) and (os.path.exists(path) or not os.path.exists(path + METADATA_SUFFIX)):
+        return path[: -len(METADATA_SUFFIX)]
+    return path
+
+
 def metadata_path(path: str | os.PathLike[str]) -> str:
-    """``path + ".metadata"`` for a ``str`` or ``os.PathLike`` path."""
-    return os.fspath(path) + METADATA_SUFFIX
+    """The metadata file of the checkpoint ``path`` (see :func:`checkpoint_base`): ``<base>.metadata``."""
+    return checkpoint_base(path) + METADATA_SUFFIX
 
 
 def brief(value: Any) -> str:
@@ -143,8 +158,12 @@ def metadata_crc32(meta: dict[str, Any]) -> int:
 
 
 def save_metadata(path: str | os.PathLike[str], meta: dict[str, Any]) -> str:
-    """Atomically write ``meta`` (plain ints/strings) and its crc32 to ``path + ".metadata"``; return that file name."""
-    target = metadata_path(path)
+    """Atomically write ``meta`` (plain ints/strings) and its crc32 to ``path``'s metadata file
+    (:func:`metadata_path`); return that file name."""
+    return _write_metadata(metadata_path(path), meta)
+
+
+def _write_metadata(target: str, meta: dict[str, Any]) -> str:
     payload = {**meta, "format": FORMAT, "format_version": FORMAT_VERSION}
     try:
         payload[METADATA_CRC32] = metadata_crc32(payload)
@@ -180,7 +199,8 @@ def _check_own_crc32(meta: dict[str, Any], source: str) -> None:
 
 
 def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read ``path + ".metadata"`` without unpickling objects; check its ring state and data reference.
+    """Read ``path``'s metadata file (:func:`metadata_path`) without unpickling objects; check its ring
+    state and data reference.
 
     Raises:
         CheckpointNotFoundError: the file does not exist.
@@ -188,7 +208,11 @@ def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
             FIFO, over 16 MiB, a format version from the future, a ``metadata_crc32`` that does not
             match, an inconsistent ring state or one larger than any buffer, a bad ``data_dir``).
     """
-    source = metadata_path(path)
+    return _read_metadata(metadata_path(path))
+
+
+def _read_metadata(source: str) -> dict[str, Any]:
+    """:func:`load_metadata` of the metadata file ``source``."""
     if not os.path.exists(source):
         raise CheckpointNotFoundError(f"no buffer checkpoint at '{source}'")
     if os.path.isdir(source):
@@ -336,9 +360,9 @@ def _writers_lock(target: str) -> Iterator[None]:
         yield
 
 
-def _referenced(path: str | os.PathLike[str]) -> str | None:
+def _referenced(target: str) -> str | None:
     try:
-        return load_metadata(path).get("data_dir")
+        return _read_metadata(target).get("data_dir")
     except CheckpointError:
         return None
 
@@ -354,7 +378,8 @@ def save_checkpoint(
             fills up, or the buffer counts rows it does not hold (metadata-only load). The previous
             checkpoint at ``path`` is then intact, and no new files are left behind.
     """
-    target = metadata_path(path)
+    path = checkpoint_base(path)  # once: the files this save creates must not change its meaning
+    target = path + METADATA_SUFFIX
     folder = _check_destination(target)
     base = os.path.basename(target)[: -len(METADATA_SUFFIX)]
     meta: dict[str, Any] = {"buffer_size": state.buffer_size, "data_size": state.data_size, "pointer": state.pointer}
@@ -386,12 +411,12 @@ def save_checkpoint(
             if state.phantom:
                 meta["phantom"] = state.phantom
         try:
-            save_metadata(path, meta)
+            _write_metadata(target, meta)
         except BaseException:
-            if name is not None and _referenced(path) != name:
+            if name is not None and _referenced(target) != name:
                 shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
             raise
-        _remove_stale(folder, base, keep={name, _referenced(path)})
+        _remove_stale(folder, base, keep={name, _referenced(target)})
     return target
 
 
