@@ -1,16 +1,24 @@
 # Two commands on a fresh machine (CPU):  `make train`  runs the main job,  `make test`  runs the tests.
-# CUDA users: see README ("Install") instead of the CPU constraints used here.
-PYTHON ?= python3
-VENV   ?= .venv
-PY      = $(VENV)/bin/python
-STAMP   = $(VENV)/.installed
+# torch: the CPU build from PyTorch's CPU index when it is reachable, else the pin from the configured
+# indexes (.ci/torch_index.py explains TORCH_INDEX: `make TORCH_INDEX= setup` forces the plain pin,
+# `make TORCH_INDEX=https://download.pytorch.org/whl/cu126 setup` a CUDA build). See README ("Install").
+PYTHON      ?= python3
+VENV        ?= .venv
+TORCH_INDEX ?= auto
+PY           = $(VENV)/bin/python
+STAMP        = $(VENV)/.installed
+# compat: a .pth path entry that mypy, Pylance and other type checkers follow (the default editable
+# mode installs an import hook that only the interpreter sees)
+EDITABLE     = --config-settings editable_mode=compat
 
 .PHONY: setup train test lint clean
 
-$(STAMP): pyproject.toml .ci/constraints-cpu.txt
+$(STAMP): pyproject.toml .ci/constraints-cpu.txt .ci/torch_index.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -c .ci/constraints-cpu.txt torch
-	$(PY) -m pip install -q -c .ci/constraints-cpu.txt -e ".[examples,test]"
+	args="$$(TORCH_INDEX='$(TORCH_INDEX)' $(PYTHON) .ci/torch_index.py)" && \
+	echo "$(PY) -m pip install $$args torch" && \
+	$(PY) -m pip install $$args torch
+	$(PY) -m pip install -q -c .ci/constraints-cpu.txt $(EDITABLE) -e ".[examples,test]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -11,7 +11,7 @@ frees memory, ``sample_all`` is oldest-to-newest after the ring wraps, bad input
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -26,9 +26,10 @@ from objectrl_buffer.checkpoint.generations import (
     restore_devices,
     save_checkpoint,
 )
+from objectrl_buffer.checkpoint.state_dict import make_state_dict, restore_state_dict
 from objectrl_buffer.core.envs import whole_steps
 from objectrl_buffer.core.keys import INDEX_KEY
-from objectrl_buffer.core.schema import Key
+from objectrl_buffer.core.schema import Key, format_key
 from objectrl_buffer.core.seeding import derived_seed
 from objectrl_buffer.core.validate import env_multiple, integer, positive_int
 from objectrl_buffer.engine import Engine, Slots, Transition
@@ -138,9 +139,25 @@ class ReplayBuffer:
         return self._engine.ring.size
 
     def __repr__(self) -> str:
+        """``ReplayBuffer(1234/100000 rows, pointer=1234, cpu->cuda:0, keys=['state': float32 (17,), ...])``:
+        the fill level, the write head, storing -> training device, and the stored keys."""
+        ring = self._engine.ring
+        rows = f"{ring.size}/{ring.capacity} rows"
+        if ring.phantom:
+            rows += f" ({ring.phantom} hold no data)"
+        envs = f", num_envs={self.num_envs}" if self.num_envs > 1 else ""
+        schema = self.schema
+        if self._engine.storage.closed:
+            keys = "closed"
+        elif schema is None:
+            keys = "empty"
+        else:
+            described = (
+                f"{format_key(f.key)!r}: {str(f.dtype).removeprefix('torch.')} {tuple(f.shape)}" for f in schema.fields
+            )
+            keys = f"keys=[{', '.join(described)}]"
         return (
-            f"{type(self).__name__}(size={self.data_size}/{self.buffer_size}, pointer={self.pointer}, "
-            f"device={self.device}, storing_device={self.storing_device}, schema={self.schema!r})"
+            f"{type(self).__name__}({rows}, pointer={ring.pointer}{envs}, {self.storing_device}->{self.device}, {keys})"
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -199,6 +216,10 @@ class ReplayBuffer:
         ``N > buffer_size`` keeps the newest. Raises as :meth:`add`, also for keys that disagree on ``N``."""
         self._engine.add_batch(batch)
 
+    def extend(self, batch: Transition) -> None:
+        """Alias of :meth:`add_batch` (torchrl's and Stable-Baselines3's name)."""
+        self.add_batch(batch)
+
     # ------------------------------------------------------------------ sampling
     def sample_batch(
         self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
@@ -231,6 +252,12 @@ class ReplayBuffer:
         else:  # the newest rows: a window, or those that hold data
             slots = recent_slots(ring, window or ring.held, k, self.generator)
         return engine.read_transitions(slots, n, g, self.transition_keys)
+
+    def sample(
+        self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
+    ) -> TensorDict:
+        """Alias of :meth:`sample_batch` (torchrl's and Stable-Baselines3's name)."""
+        return self.sample_batch(batch_size, n_step=n_step, gamma=gamma, recent=recent)
 
     def sample_random(self, batch_size: int) -> TensorDict:
         """Alias of :meth:`sample_batch` (ObjectRL's name)."""
@@ -368,7 +395,8 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike[str], data: bool = False, *, progress: bool | None = None) -> None:
-        """Write ``path.metadata`` (ObjectRL's counters, ``torch.load``-able); ``data=True`` adds every row,
+        """Write ``path.metadata`` (ObjectRL's counters, ``torch.load``-able; a ``path`` ending in ``.metadata``
+        names that file itself); ``data=True`` adds every row,
         the generator state and :attr:`checkpoint_extras`, crash-safe (:mod:`~objectrl_buffer.checkpoint`).
 
         Raises:
@@ -378,23 +406,17 @@ class ReplayBuffer:
         save_checkpoint(path, self._checkpoint_state(), data=data, progress=progress)
 
     def load(self, path: str | os.PathLike[str], *, verify: bool = True, progress: bool | None = None) -> None:
-        """Restore what :meth:`save` wrote. A metadata-only checkpoint restores the counters; rows it counts
-        that this buffer does not hold are never returned (a ``RuntimeWarning`` says how many). A full one
-        restores rows, ring, schema, generator, ``shuffle`` and extras; ``verify`` checks every crc32.
+        """Restore what :meth:`save` wrote (``path`` as given to it, or its ``.metadata`` file's name). A
+        metadata-only checkpoint restores the counters; rows it counts that this buffer does not hold are
+        never returned (a ``RuntimeWarning`` says how many). A full one restores rows, ring, schema,
+        generator, ``shuffle`` and extras; ``verify`` checks every crc32.
 
         Raises:
             CheckpointError, CheckpointNotFoundError: missing, damaged, or not fitting a buffer that holds
                 rows (another capacity, schema or ``num_envs``); the buffer is then unchanged.
         """
         restored = load_checkpoint(self._checkpoint_state(), path, self._check_extras, verify, progress)
-        self._engine.restore(restored, self.checkpoint_extras)
-        self.epoch_iterator = None
-        if restored.generator_state is not None:
-            self.generator.set_state(restored.generator_state)
-        elif restored.generator_seed is not None:
-            self.generator.manual_seed(restored.generator_seed)
-        if restored.shuffle is not None:
-            self.shuffle = restored.shuffle
+        self._adopt(restored)
 
     @classmethod
     def from_checkpoint(
@@ -425,6 +447,36 @@ class ReplayBuffer:
         if "shuffle" in kwargs:
             buffer.shuffle = kwargs["shuffle"]
         return buffer
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a full checkpoint holds, as a dict of tensors and plain values (torch's convention):
+        rows, ring (phantom rows included), schema, generator state, ``shuffle``, ``num_envs`` and the
+        state of :attr:`checkpoint_extras` (e.g. PER's priorities). Its tensors are new CPU tensors (a
+        snapshot), so ``torch.save`` it and ``torch.load(f, weights_only=True)`` it back; the layout is
+        documented in :mod:`~objectrl_buffer.checkpoint.state_dict`. For large buffers prefer
+        :meth:`save` with ``data=True``, which streams to disk instead of copying into RAM."""
+        return make_state_dict(self._checkpoint_state())
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned, as :meth:`load` restores a full checkpoint (an empty
+        buffer takes any capacity and schema; one holding rows only its own).
+
+        Raises:
+            CheckpointError: ``state_dict`` is not one (naming the entry that is wrong), or does not fit
+                a buffer that holds rows; the buffer is then unchanged.
+        """
+        restored = restore_state_dict(self._checkpoint_state(), state_dict, self._check_extras)
+        self._adopt(restored)
+
+    def _adopt(self, restored: Restored) -> None:
+        self._engine.restore(restored, self.checkpoint_extras)
+        self.epoch_iterator = None
+        if restored.generator_state is not None:
+            self.generator.set_state(restored.generator_state)
+        elif restored.generator_seed is not None:
+            self.generator.manual_seed(restored.generator_seed)
+        if restored.shuffle is not None:
+            self.shuffle = restored.shuffle
 
     def _checkpoint_state(self) -> BufferState:
         return self._engine.checkpoint_state(self.generator, self.shuffle, self.checkpoint_extras)

@@ -365,3 +365,14 @@ def test_accelerator_devices(tmp_path: pathlib.Path, device: str, storing_device
         b.close()
     finally:
         rb.close()
+
+
+@pytest.mark.parametrize("num_envs", [1, 2])
+def test_a_float64_reward_gives_the_float32_column_a_python_float_gives(make_buffer: Factory, num_envs: int) -> None:
+    columns = []
+    for reward in (0.5, np.float64(0.5), np.array(0.5)):
+        rb = make_buffer(4, num_envs=num_envs)
+        rb.add({"reward": np.full(num_envs, reward) if num_envs > 1 else reward})
+        rb.add_batch({"reward": np.full((2, num_envs) if num_envs > 1 else 2, 0.25)})  # later writes fit
+        columns.append(rb.schema.fields[0].dtype)  # type: ignore[union-attr]
+    assert columns == [torch.float32] * 3

@@ -45,9 +45,11 @@ from objectrl_buffer.checkpoint.manifest import ExtraValue, Manifest
 from objectrl_buffer.checkpoint.metadata import (
     METADATA_SUFFIX,
     check_ring,
+    checkpoint_base,
     load_metadata,
     metadata_path,
-    save_metadata,
+    read_metadata_file,
+    write_metadata_file,
 )
 from objectrl_buffer.core.schema import Schema
 from objectrl_buffer.core.sync import lock_file
@@ -175,9 +177,9 @@ def _writers_lock(target: str) -> Iterator[None]:
         yield
 
 
-def _referenced(path: str | os.PathLike[str]) -> str | None:
+def _referenced(target: str) -> str | None:
     try:
-        return load_metadata(path).get("data_dir")
+        return read_metadata_file(target).get("data_dir")
     except CheckpointError:
         return None
 
@@ -193,7 +195,8 @@ def save_checkpoint(
             fills up, or the buffer counts rows it does not hold (metadata-only load). The previous
             checkpoint at ``path`` is then intact, and no new files are left behind.
     """
-    target = metadata_path(path)
+    path = checkpoint_base(path)  # once: the files this save creates must not change its meaning
+    target = path + METADATA_SUFFIX
     folder = _check_destination(target)
     base = os.path.basename(target)[: -len(METADATA_SUFFIX)]
     meta: dict[str, Any] = {"buffer_size": state.buffer_size, "data_size": state.data_size, "pointer": state.pointer}
@@ -225,12 +228,12 @@ def save_checkpoint(
             if state.phantom:
                 meta["phantom"] = state.phantom
         try:
-            save_metadata(path, meta)
+            write_metadata_file(target, meta)
         except BaseException:
-            if name is not None and _referenced(path) != name:
+            if name is not None and _referenced(target) != name:
                 shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
             raise
-        _remove_stale(folder, base, keep={name, _referenced(path)})
+        _remove_stale(folder, base, keep={name, _referenced(target)})
     return target
 
 

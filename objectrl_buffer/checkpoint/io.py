@@ -9,11 +9,12 @@ close to a single raw write + fsync of the same bytes (measured in ``benchmarks/
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 import shutil
 import stat
 import sys
-import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -48,16 +49,33 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
+def _new_temp_file(folder: str, name: str) -> tuple[int, str]:
+    """A new, empty ``<name>.<random>.tmp`` in ``folder`` opened for writing: ``(fd, path)``.
+
+    Created with mode 0o666 so the kernel applies the umask, as for any file the user creates (the
+    metadata file is shared with the group where the umask allows it; ``mkstemp`` would make it 0600).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    for _ in range(100):
+        path = os.path.join(folder, f"{name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(path, flags, 0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temp file name", os.path.join(folder, name))
+
+
 def atomic_write(target: str, write: Callable[[BinaryIO], None]) -> None:
     """Write ``target`` via a temp file in its folder, fsync, ``os.replace``, fsync of the folder.
 
     A crash at any moment leaves either the old ``target`` or the new one, never a partial file.
+    The file gets the mode of any new file (``0o666`` less the user's umask), not ``mkstemp``'s 0600.
     ``OSError`` is wrapped in :class:`CheckpointError` naming ``target``.
     """
     folder = os.path.dirname(os.path.abspath(target))
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".", suffix=".tmp", dir=folder)
+        fd, tmp = _new_temp_file(folder, os.path.basename(target))
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

@@ -33,10 +33,13 @@ __all__ = [
     "METADATA_SUFFIX",
     "FORMAT",
     "FORMAT_VERSION",
+    "checkpoint_base",
     "metadata_path",
     "metadata_crc32",
     "save_metadata",
     "load_metadata",
+    "write_metadata_file",
+    "read_metadata_file",
     "check_ring",
     "brief",
 ]
@@ -51,9 +54,23 @@ METADATA_CRC32 = "metadata_crc32"
 MAX_METADATA_BYTES = 16 << 20
 
 
+def checkpoint_base(path: str | os.PathLike[str]) -> str:
+    """The checkpoint ``path`` names, as the path its files are named after (``<base>.metadata``, ...).
+
+    ``run`` and ``run.metadata`` (the metadata file's own name, as the CLI takes it) name the same
+    checkpoint. Only where ``run.metadata`` does not exist but ``run.metadata.metadata`` does (saved by
+    0.1.0 at a path ending in ``.metadata``) does ``run.metadata`` keep its old meaning, so such a
+    checkpoint still loads and later saves go on writing it.
+    """
+    path = os.fspath(path)
+    if path.endswith(METADATA_SUFFIX) and (os.path.exists(path) or not os.path.exists(path + METADATA_SUFFIX)):
+        return path[: -len(METADATA_SUFFIX)]
+    return path
+
+
 def metadata_path(path: str | os.PathLike[str]) -> str:
-    """``path + ".metadata"`` for a ``str`` or ``os.PathLike`` path."""
-    return os.fspath(path) + METADATA_SUFFIX
+    """The metadata file of the checkpoint ``path`` (see :func:`checkpoint_base`): ``<base>.metadata``."""
+    return checkpoint_base(path) + METADATA_SUFFIX
 
 
 def brief(value: Any) -> str:
@@ -99,8 +116,13 @@ def metadata_crc32(meta: dict[str, Any]) -> int:
 
 
 def save_metadata(path: str | os.PathLike[str], meta: dict[str, Any]) -> str:
-    """Atomically write ``meta`` (plain ints/strings) and its crc32 to ``path + ".metadata"``; return that file name."""
-    target = metadata_path(path)
+    """Atomically write ``meta`` (plain ints/strings) and its crc32 to ``path``'s metadata file
+    (:func:`metadata_path`); return that file name."""
+    return write_metadata_file(metadata_path(path), meta)
+
+
+def write_metadata_file(target: str, meta: dict[str, Any]) -> str:
+    """:func:`save_metadata` to the metadata file ``target`` itself."""
     payload = {**meta, "format": FORMAT, "format_version": FORMAT_VERSION}
     try:
         payload[METADATA_CRC32] = metadata_crc32(payload)
@@ -136,7 +158,8 @@ def _check_own_crc32(meta: dict[str, Any], source: str) -> None:
 
 
 def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read ``path + ".metadata"`` without unpickling objects; check its ring state and data reference.
+    """Read ``path``'s metadata file (:func:`metadata_path`) without unpickling objects; check its ring
+    state and data reference.
 
     Raises:
         CheckpointNotFoundError: the file does not exist.
@@ -144,7 +167,11 @@ def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
             FIFO, over 16 MiB, a format version from the future, a ``metadata_crc32`` that does not
             match, an inconsistent ring state or one larger than any buffer, a bad ``data_dir``).
     """
-    source = metadata_path(path)
+    return read_metadata_file(metadata_path(path))
+
+
+def read_metadata_file(source: str) -> dict[str, Any]:
+    """:func:`load_metadata` of the metadata file ``source`` itself."""
     if not os.path.exists(source):
         raise CheckpointNotFoundError(f"no buffer checkpoint at '{source}'")
     if os.path.isdir(source):

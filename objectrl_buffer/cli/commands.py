@@ -24,28 +24,39 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from objectrl_buffer.checkpoint.generations import METADATA_SUFFIX, Checkpoint, open_checkpoint, verify_checkpoint
-from objectrl_buffer.core.schema import format_key
 from objectrl_buffer.errors import CheckpointError
 from objectrl_buffer.storage import folders, placement
 
-__all__ = ["main", "describe"]
+if TYPE_CHECKING:
+    from objectrl_buffer.checkpoint.generations import Checkpoint
+
+# torch (and everything that imports it) is imported inside the commands that read checkpoints: --help,
+# --version and clean start in a fraction of a second (tests/cli/test_commands.py checks that torch stays out).
+
+__all__ = ["main", "describe", "version"]
 
 
-def _resolve(path: str) -> str:
-    """Accept ``run`` and ``run.metadata`` alike."""
-    if path.endswith(METADATA_SUFFIX) and not os.path.exists(path + METADATA_SUFFIX):
-        return path[: -len(METADATA_SUFFIX)]
-    return path
+def version() -> str:
+    """The installed package's version (its metadata), or ``objectrl_buffer.__version__`` from a source tree."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("objectrl_buffer")
+    except PackageNotFoundError:
+        from objectrl_buffer import __version__
+
+        return __version__
 
 
 def describe(ckpt: Checkpoint, path: str) -> dict[str, Any]:
     """What ``inspect --json`` prints: plain JSON types only."""
+    from objectrl_buffer.core.schema import format_key
+
     meta, manifest = ckpt.meta, ckpt.manifest
     info: dict[str, Any] = {
         "path": path,
@@ -188,6 +199,7 @@ def _trajectory_parser(commands: Any) -> None:
 
 def trajectories(args: argparse.Namespace) -> int:
     """Run ``trajectories ...``; the room is imported here, so ``--help`` stays fast."""
+    from objectrl_buffer.core.schema import format_key
     from objectrl_buffer.errors import ReplayBufferError
     from objectrl_buffer.trajectory import TrajectoryReplayBuffer, merge_rank_folders, split_folder
 
@@ -227,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="objectrl-buffer",
         description="Inspect and verify objectrl_buffer checkpoints; clean up after killed runs.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     inspect = commands.add_parser(
         "inspect", help="print capacity, size, pointer, schema, extras, format and creation info"
@@ -244,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         return trajectories(args)
     if args.command == "clean":
         return clean(args.dirs, args.dry_run)
-    path = _resolve(args.path)
+    from objectrl_buffer.checkpoint.generations import open_checkpoint, verify_checkpoint
+    from objectrl_buffer.checkpoint.metadata import checkpoint_base
+
+    path = checkpoint_base(args.path)  # run and run.metadata alike, as ReplayBuffer.load takes them
     try:
         if args.command == "inspect":
             info = describe(open_checkpoint(path), path)

@@ -23,6 +23,15 @@ storage casts silently but must not lose data here:
 
 Every value of a write is checked (and converted) before any of it is written, so a refused value
 never leaves half a row behind.
+
+First write (the dtype of each column): a tensor keeps its dtype, and so does a NumPy array with a
+per-row shape (a float64 MuJoCo observation stays float64; pass ``obs.astype(np.float32)`` or a tensor
+to choose). A float *number* per row, however it comes (a Python float, a NumPy ``float64`` scalar, a
+0-d ``float64`` array, or a ``[N]`` array/list of them in ``add_batch`` or from ``num_envs`` envs), is
+stored in torch's default dtype (``torch.get_default_dtype()``, float32 unless changed), as
+``torch.tensor(0.5)`` and ObjectRL's ``TensorDict`` store a Python float. So a gymnasium reward gives the
+same float32 column from one env or many, whichever type the env returns. Other NumPy scalars keep
+their dtype (``np.float32``, ``np.float16``, ``np.int64``); a Python int is int64, a bool bool.
 """
 
 from __future__ import annotations
@@ -237,6 +246,8 @@ class Schema:
             tensor = _as_tensor(key, value)
             if tensor.dim() < batch_dims:
                 raise SchemaError(f"key '{format_key(key)}': a batch needs a leading batch dimension, got a 0-d value")
+            if tensor.dim() == batch_dims and tensor.dtype == torch.float64 and not isinstance(value, torch.Tensor):
+                tensor = tensor.to(torch.get_default_dtype())  # a float number: see "First write" above
             values[key] = tensor
             fields.append(Field(key, tensor.shape[batch_dims:], tensor.dtype))
         schema = cls(fields)

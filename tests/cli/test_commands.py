@@ -160,3 +160,46 @@ def test_as_a_real_command(saved: Path) -> None:
     )
     assert result.returncode == 1 and result.stdout == ""
     assert "checksum mismatch" in result.stderr and "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------- a quick start: --help and --version without torch
+PROBE = """
+import runpy, sys
+sys.argv = ["objectrl-buffer", *sys.argv[1:]]
+try:
+    runpy.run_module("objectrl_buffer", run_name="__main__")
+except SystemExit as exc:
+    code = exc.code
+print("EXIT", code, "TORCH", "torch" in sys.modules, "NUMPY", "numpy" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["inspect", "--help"]])
+def test_help_and_version_do_not_import_torch(argv: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == "EXIT 0 TORCH False NUMPY False", done.stdout + done.stderr
+
+
+def test_version_is_the_installed_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"objectrl-buffer {version('objectrl_buffer')}\n"
+    import objectrl_buffer
+
+    assert objectrl_buffer.__version__ == version("objectrl_buffer")  # pyproject.toml and the package agree
+
+
+def test_the_package_imports_its_classes_on_first_use() -> None:
+    code = (
+        "import sys, objectrl_buffer as o; a = 'torch' in sys.modules; o.ReplayBuffer; print(a, 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == ["False", "True"]

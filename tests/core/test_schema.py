@@ -190,3 +190,55 @@ def test_non_numeric_value_raises_schema_error_naming_the_key(first: bool) -> No
         rb.add({"state": torch.zeros(2), "note": "abc"})
     assert len(rb) == (0 if first else 1)
     rb.close()
+
+
+# ---------------------------------------------------------------- the dtype a first write gives a float number
+REWARD_FORMS = {
+    "python float": lambda v: v,
+    "numpy float64 scalar": np.float64,
+    "0-d float64 array": lambda v: np.array(v, dtype=np.float64),
+    "1-element list": lambda v: [v],
+}
+
+
+@pytest.mark.parametrize("form", list(REWARD_FORMS))
+def test_a_float_reward_is_stored_in_torchs_default_dtype_whatever_its_form(form: str) -> None:
+    schema, values = Schema.infer({"reward": REWARD_FORMS[form](0.1)}, batch_dims=0)
+    assert schema.fields[0].dtype == torch.float32 and values["reward"].dtype == torch.float32
+    assert values["reward"].reshape(()).item() == torch.tensor(0.1).item()  # rounded as a Python float is
+
+
+@pytest.mark.parametrize(
+    "batch", [[0.1, 0.2], np.array([0.1, 0.2]), [np.float64(0.1), np.float64(0.2)]], ids=["list", "array", "scalars"]
+)
+def test_a_batch_of_float_rewards_is_stored_as_single_ones_are(batch: Any) -> None:
+    schema, _ = Schema.infer({"reward": batch}, batch_dims=1)
+    assert schema.fields[0].dtype == torch.float32
+
+
+def test_arrays_and_tensors_keep_their_dtype() -> None:
+    write = {
+        "obs": np.zeros(3),  # float64 observations (MuJoCo) stay float64: the caller decides
+        "pixels": np.zeros((2, 2), dtype=np.uint8),
+        "r16": np.float16(0.5),
+        "exact": torch.tensor(0.1, dtype=torch.float64),
+        "n": np.int64(3),
+    }
+    schema, _ = Schema.infer(write, batch_dims=0)
+    assert {f.key: f.dtype for f in schema.fields} == {
+        "obs": torch.float64,
+        "pixels": torch.uint8,
+        "r16": torch.float16,
+        "exact": torch.float64,
+        "n": torch.int64,
+    }
+
+
+def test_numbers_follow_torchs_default_dtype_when_it_is_changed() -> None:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        for value in (0.1, np.float64(0.1), np.array(0.1)):
+            assert Schema.infer({"reward": value}, batch_dims=0)[0].fields[0].dtype == torch.float64
+    finally:
+        torch.set_default_dtype(old)
