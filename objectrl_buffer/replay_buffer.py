@@ -26,6 +26,7 @@ from objectrl_buffer.checkpoint.generations import (
     restore_devices,
     save_checkpoint,
 )
+from objectrl_buffer.core import validate
 from objectrl_buffer.core.envs import whole_steps
 from objectrl_buffer.core.keys import INDEX_KEY
 from objectrl_buffer.core.schema import Key
@@ -71,6 +72,13 @@ class ReplayBuffer:
 
     Samples are new ``TensorDict`` s on ``device`` with the stored keys and ``"index"`` (each row's
     slot). ``pickle``/``copy.deepcopy``/``torch.save`` give a full, independent buffer (no epoch iterator).
+
+    Raises:
+        InvalidArgumentError: naming the argument: a device torch does not know (``"gpu"``: did you mean
+            ``"cuda"``?), ``"meta"``, or one not available here (``"cuda"`` without CUDA); a number for a
+            device (Stable-Baselines3's argument order); a size that is not a positive int (at most
+            ``2**62``); a ``seed`` that is not an int a ``torch.Generator`` takes; a ``storage_dir`` that
+            is not a str/PathLike, is empty, or is (or lies below) a file, or where no folder can be made.
     """
 
     #: Types of :attr:`checkpoint_extras` whose saved values give :meth:`from_checkpoint` constructor arguments.
@@ -89,9 +97,13 @@ class ReplayBuffer:
         transition_keys: TransitionKeys | None = None,
         num_envs: int = 1,
     ) -> None:
+        where, stored_on = validate.buffer_devices(device, storing_device, buffer_size)
         envs = positive_int(num_envs, "num_envs")
         size = env_multiple(positive_int(buffer_size, "buffer_size"), envs)
-        self._engine = Engine(size, torch.device(device), torch.device(storing_device), storage_dir, num_envs=envs)
+        seed = None if seed is None else validate.seed(seed)
+        if storage_dir is not None:
+            storage_dir = validate.folder(storage_dir, "storage_dir")
+        self._engine = Engine(size, where, stored_on, storage_dir, num_envs=envs)
         self.print_gc_warning = print_gc_warning
         self.shuffle = shuffle
         self.transition_keys = TransitionKeys() if transition_keys is None else transition_keys

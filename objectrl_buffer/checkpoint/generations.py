@@ -60,6 +60,7 @@ from objectrl_buffer.checkpoint.io import (
     wait_for_cleanup,
 )
 from objectrl_buffer.checkpoint.manifest import ExtraValue, Manifest
+from objectrl_buffer.core import validate
 from objectrl_buffer.core.schema import Schema
 from objectrl_buffer.core.sync import lock_file
 from objectrl_buffer.core.validate import MAX_SIZE
@@ -96,8 +97,13 @@ MAX_METADATA_BYTES = 16 << 20
 
 
 def metadata_path(path: str | os.PathLike[str]) -> str:
-    """``path + ".metadata"`` for a ``str`` or ``os.PathLike`` path."""
-    return os.fspath(path) + METADATA_SUFFIX
+    """``path + ".metadata"`` for a ``str`` or ``os.PathLike`` path.
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a str/PathLike, is empty or ends in a folder separator
+            (every save, load and verify goes through here, so none writes or reads ``./.metadata``).
+    """
+    return validate.path(path, "path") + METADATA_SUFFIX
 
 
 def brief(value: Any) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 from objectrl_buffer.checkpoint.generations import METADATA_SUFFIX, Checkpoint, open_checkpoint, verify_checkpoint
 from objectrl_buffer.core.schema import format_key
-from objectrl_buffer.errors import CheckpointError
+from objectrl_buffer.errors import CheckpointError, InvalidArgumentError
 from objectrl_buffer.storage import folders, placement
 
 __all__ = ["main", "describe"]
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 _print_human(info)
             return 0
         ckpt = verify_checkpoint(path)
-    except CheckpointError as exc:
+    except (CheckpointError, InvalidArgumentError) as exc:  # a damaged checkpoint, or a path that names none
         print(f"objectrl-buffer {args.command}: FAILED: {exc}", file=sys.stderr)
         return 1
     if ckpt.manifest is None:
