@@ -29,7 +29,7 @@ from objectrl_buffer.checkpoint.generations import (
 from objectrl_buffer.core import validate
 from objectrl_buffer.core.envs import whole_steps
 from objectrl_buffer.core.keys import INDEX_KEY
-from objectrl_buffer.core.schema import Key
+from objectrl_buffer.core.schema import Key, as_keys
 from objectrl_buffer.core.seeding import derived_seed
 from objectrl_buffer.core.validate import env_multiple, integer, positive_int
 from objectrl_buffer.engine import Engine, Slots, Transition
@@ -265,11 +265,12 @@ class ReplayBuffer:
         Raises:
             SchemaError: a field is not stored. SlotIndexError, InvalidArgumentError: as :meth:`sample_by_index`.
         """
+        keys = as_keys(fields, "fields")  # its type first: wrong whatever the buffer holds
         slots = self._engine.slots(indices)
         self._engine.require_rows()
         schema = self._engine.schema
         assert schema is not None
-        return self._engine.read(slots, schema.stored_keys(fields, "fields"), with_index=False)
+        return self._engine.read(slots, schema.stored_keys(keys, "fields"), with_index=False)
 
     def sample_slices(
         self, num_slices: int, slice_len: int, *, done_key: Key | None = None, pad: bool = False
@@ -291,8 +292,10 @@ class ReplayBuffer:
         if length > steps:
             per_env = "" if self.num_envs == 1 else f" per env, num_envs={self.num_envs}"
             raise InvalidArgumentError(f"slice_len {length} is larger than the buffer ({steps} rows{per_env})")
-        if done_key is not None and not isinstance(done_key, (str, tuple)):
-            raise InvalidArgumentError(f"done_key must be a key (str or tuple of str), got {done_key!r}")
+        if done_key is not None:
+            if not isinstance(done_key, (str, tuple)):
+                raise InvalidArgumentError(f"done_key must be a key (str or tuple of str), got {done_key!r}")
+            (done_key,) = as_keys(done_key, "done_key")
         engine = self._engine
         engine.require_rows()
         columns = engine.storage.columns
@@ -358,6 +361,7 @@ class ReplayBuffer:
             InvalidArgumentError: a bad argument (and as :meth:`create_epoch_iterator`).
         """
         n_epochs, max_iter = integer(n_epochs, "n_epochs"), integer(max_iter, "max_iter")
+        positive_int(batch_size, "batch_size")  # also for random sampling, whose batches get_next_batch draws
         window = self._window(recent)
         if n_epochs > 0:
             self.create_epoch_iterator(batch_size, n_epochs, shuffle, recent=window)

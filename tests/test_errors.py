@@ -326,14 +326,24 @@ def test_bad_sizes_beyond_int64(wrapped: ReplayBuffer, tmp_path: pathlib.Path) -
         (lambda rb: rb.get_steps_and_iterator(1, "10", 2), "max_iter"),
         (lambda rb: rb.get_steps_and_iterator(1, 10, "2"), "batch_size"),
         (lambda rb: rb.get_steps_and_iterator(0, 10, 2, recent="3"), "recent"),
+        (lambda rb: rb.get_steps_and_iterator(0, 10, "2"), "batch_size"),  # was accepted without epochs
+        (lambda rb: rb.get_steps_and_iterator(torch.tensor([1, 2]), 10, 2), "n_epochs"),  # was a TypeError
+        (lambda rb: rb.sample_slices(1, 2, done_key=(5,)), "done_key"),  # was a TypeError from str.join
+        (lambda rb: rb.sample_by_index_fields([0], [("state", 5)]), "fields"),
     ],
     ids=[
         "n_step-bool", "n_step-float", "gamma-bool", "gamma-nan", "fields-None", "fields-int", "done_key",
-        "n_epochs", "max_iter", "batch_size", "recent",
+        "n_epochs", "max_iter", "batch_size", "recent", "batch_size-no-epochs", "n_epochs-tensor", "done_key-tuple",
+        "fields-tuple",
     ],
 )  # fmt: skip
-def test_wrong_types_name_the_argument(wrapped: ReplayBuffer, call: Callable[[ReplayBuffer], Any], named: str) -> None:
+def test_wrong_types_name_the_argument(
+    wrapped: ReplayBuffer, rb: ReplayBuffer, call: Callable[[ReplayBuffer], Any], named: str
+) -> None:
     raises_unchanged(wrapped, InvalidArgumentError, ValueError, named, lambda: call(wrapped))
+    # on an empty buffer too: the argument is wrong whatever the buffer holds (not EmptyBufferError)
+    if "index" not in named:
+        raises_unchanged(rb, InvalidArgumentError, ValueError, named, lambda: call(rb))
 
 
 # ---------------------------------------------------------------- constructor arguments

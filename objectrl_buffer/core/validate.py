@@ -52,9 +52,12 @@ def integer(value: Any, name: str) -> int:
     Raises:
         InvalidArgumentError: naming ``name`` and the value.
     """
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise InvalidArgumentError(f"{name} must be an int, got {_brief(value)}")
-    return int(value.__index__())
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be an int, got {value!r}")
+    try:
+        return int(value.__index__())
+    except (AttributeError, TypeError):  # no __index__, or one that refuses (a tensor of several values)
+        raise InvalidArgumentError(f"{name} must be an int, got {_brief(value)}") from None
 
 
 def seed(value: Any, name: str = "seed") -> int:
