@@ -73,6 +73,11 @@ class ReplayBuffer:
     Samples are new ``TensorDict`` s on ``device`` with the stored keys and ``"index"`` (each row's
     slot). ``pickle``/``copy.deepcopy``/``torch.save`` give a full, independent buffer (no epoch iterator).
 
+    Threads: one thread may ``add``/``add_batch`` while others sample (``sample_batch`` with or without
+    ``n_step``/``recent``, ``sample_by_index(_fields)``, ``sample_all``, epoch iterators, ``sample_slices``):
+    a sample never holds a half-written row (:meth:`Engine.read <objectrl_buffer.engine.Engine.read>`).
+    Other concurrent use (two writers, ``reset``/``load``/``close`` during a sample) needs a lock.
+
     Raises:
         InvalidArgumentError: naming the argument: a device torch does not know (``"gpu"``: did you mean
             ``"cuda"``?), ``"meta"``, or one not available here (``"cuda"`` without CUDA); a number for a

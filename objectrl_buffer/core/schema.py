@@ -311,7 +311,7 @@ class Schema:
                         f"key '{format_key(field.key)}': a tensor of dtype={_dtype_name(dtype)}, shape={tuple(rows)} "
                         f"per row is stored as {field.describe()} (cast without loss; warned once per key)",
                         CastWarning,
-                        stacklevel=3 + batch_dims,
+                        stacklevel=4 + batch_dims,  # the caller of add() / of add_batch()
                     )
         return pairs, (1 if batch_dims == 0 else max(n, 0))
 
