@@ -8,6 +8,11 @@
   and delivers them as a new ``TensorDict`` on the training device, through pinned staging from CPU
   storage to CUDA (:mod:`~objectrl_buffer.storage.staging`).
 
+Threads: one writer thread (``add``/``add_batch``) and any number of reader threads. The writer marks
+the rows it is writing (``ring.begun`` before, ``ring.done`` after: two int stores on the per-step path);
+a read re-reads the rows that a write began on meanwhile, so no row comes back half-written. Anything
+else run concurrently (two writers, reset, load, close, PER's priority updates) needs the caller's lock.
+
 Which slots to read is decided by the caller with :mod:`objectrl_buffer.sampling`; the ObjectRL facade
 (:class:`~objectrl_buffer.ReplayBuffer`), prioritized replay and the other rooms compose an engine
 instead of re-implementing any of this.
@@ -16,8 +21,10 @@ instead of re-implementing any of this.
 from __future__ import annotations
 
 import os
+import threading
+import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import torch
@@ -31,14 +38,18 @@ from objectrl_buffer.core.envs import check_env_step, flatten_steps
 from objectrl_buffer.core.keys import INDEX_KEY
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import Key, Schema, require_mapping
-from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SlotIndexError
+from objectrl_buffer.errors import ConcurrentUseError, EmptyBufferError, InvalidArgumentError, SlotIndexError
 from objectrl_buffer.sampling.nstep import n_step_targets
 from objectrl_buffer.sampling.slices import TransitionKeys
 from objectrl_buffer.storage import torchrl_compat
 from objectrl_buffer.storage.staging import StagingRing
 from objectrl_buffer.storage.table import TransitionStorage, make_tensordict
 
-__all__ = ["Engine", "Transition", "Slots"]
+__all__ = ["Engine", "Transition", "Slots", "READ_ATTEMPTS"]
+
+#: Re-reads of rows that a concurrent write keeps overwriting before ``ConcurrentUseError`` (Engine.read),
+#: with sleeps doubling from 2 µs to 50 ms between them (about 0.5 s in all) so that the writer can finish.
+READ_ATTEMPTS = 24
 
 #: One write: a ``TensorDict`` or a mapping of key -> tensor / NumPy array / Python number.
 Transition: TypeAlias = TensorDictBase | Mapping[str, Any]
@@ -108,6 +119,8 @@ class Engine:
             self.add_batch(transition, steps=False)
             return
         fast = self.storage.fast
+        done = ring.done + 1
+        ring.begun = done  # a sampler thread re-reads what it read of this row meanwhile (see read())
         if fast is not None and fast.write_row(transition, ring.pointer, self.cast_warned):
             pointer = ring.pointer + 1
             ring.pointer = pointer if pointer < ring.capacity else 0
@@ -115,7 +128,15 @@ class Engine:
                 ring.size += 1
             elif ring.phantom:  # the full ring overwrote its oldest row: a phantom one
                 ring.phantom -= 1
+            ring.done = done
             return
+        try:
+            self._add_checked(transition)
+        finally:
+            ring.begun = ring.done
+
+    def _add_checked(self, transition: Transition) -> None:
+        ring = self.ring
         if isinstance(transition, TensorDictBase):
             if transition.batch_dims:
                 raise InvalidArgumentError(
@@ -133,6 +154,7 @@ class Engine:
             pairs, _ = storage.schema.check(transition, batch_dims=0, warned=self.cast_warned)
         storage.write(ring.pointer, pairs)
         ring.advance(1)
+        ring.done += 1
 
     def add_batch(self, batch: Transition, *, steps: bool = True) -> tuple[int, int]:
         """Store ``N`` rows at the pointer (wrapping); return ``(start, kept)``: the rows kept went to
@@ -146,6 +168,17 @@ class Engine:
         """
         if self.num_envs > 1 and steps:
             batch = flatten_steps(batch, self.num_envs)
+        ring = self.ring
+        # Any row may be under way until the batch is done (its length is known once it is checked).
+        ring.begun = ring.done + ring.capacity
+        try:
+            start, kept = self._add_batch(batch)
+            ring.done += kept
+            return start, kept
+        finally:
+            ring.begun = ring.done
+
+    def _add_batch(self, batch: Transition) -> tuple[int, int]:
         ring = self.ring
         fast = self.storage.fast
         if fast is not None:
@@ -228,7 +261,57 @@ class Engine:
 
         ``keys``: only those (default all); ``with_index``: add ``"index"`` (the slots); ``span=(start,
         stop)`` says that ``slots`` is ``start .. stop-1``: read as one contiguous copy.
+
+        Rows that another thread's :meth:`add`/:meth:`add_batch` overwrote while they were being read are
+        read again, so no row comes back half-written (:meth:`Ring.overwritten`).
+
+        Raises:
+            ConcurrentUseError: they were overwritten during each of ``READ_ATTEMPTS`` reads in a row.
         """
+        return self._stable(
+            lambda rows: self._gather(rows, keys, with_index, span if rows is slots else None), slots, None
+        )
+
+    def _stable(
+        self,
+        read: Callable[[torch.Tensor], TensorDict],
+        slots: torch.Tensor,
+        touched: Callable[[torch.Tensor], torch.Tensor] | None,
+    ) -> TensorDict:
+        """``read(slots)`` (a ``[k]`` batch), whose rows that a concurrent write may have changed meanwhile
+        are read again, until none was: a seqlock, the writer marks rows begun before and done after
+        writing them. ``touched(slots)``: every slot each row's read looks at (default: its own).
+
+        Raises:
+            ConcurrentUseError: rows were still being overwritten after ``READ_ATTEMPTS`` re-reads.
+        """
+        ring = self.ring
+        done = ring.done  # before the pointer: a write ending between the two is then covered
+        pointer = ring.pointer
+        batch = read(slots)
+        where = None  # positions in the batch of the rows read last (None: all of them)
+        for attempt in range(READ_ATTEMPTS):
+            if ring.begun == done:  # no write began since: the single-threaded path ends here
+                return batch
+            suspect = ring.overwritten(slots if touched is None else touched(slots), done, pointer)
+            if suspect is None or not bool(suspect.any()):
+                return batch
+            if attempt:  # the writer may be waiting for the GIL or a core: let it finish its row
+                time.sleep(min(1e-6 * 2**attempt, 0.05))
+            where = suspect.nonzero().squeeze(1) if where is None else where[suspect]
+            slots = slots[suspect]
+            done = ring.done
+            pointer = ring.pointer
+            batch[where.to(batch.device)] = read(slots)
+        raise ConcurrentUseError(
+            f"thread {threading.current_thread().name!r} read rows that another thread's add()/add_batch() "
+            f"was overwriting, again in each of {READ_ATTEMPTS} re-reads over about half a second: is a writer "
+            "stuck in the middle of a write? Take a lock around writes and reads"
+        )
+
+    def _gather(
+        self, slots: torch.Tensor, keys: list[Key] | None, with_index: bool, span: tuple[int, int] | None
+    ) -> TensorDict:
         storage = self.storage
         staging = self.staging
         if staging is not None and storage.arrays is not None:  # CPU storage -> CUDA via pinned staging
@@ -256,11 +339,20 @@ class Engine:
         if n_step is None:
             return self.read(slots)
         columns = self.storage.columns
-        targets = n_step_targets(columns, slots, self.ring, n_step, gamma, keys, stride=self.num_envs)
-        batch = self.read(slots, [key for key in columns if key not in targets])
-        for key, value in targets.items():
-            batch.set(key, self.to_device(value))
-        return batch
+        stride = self.num_envs
+
+        def read(rows: torch.Tensor) -> TensorDict:
+            targets = n_step_targets(columns, rows, self.ring, n_step, gamma, keys, stride=stride)
+            batch = self._gather(rows, [key for key in columns if key not in targets], True, None)
+            for key, value in targets.items():
+                batch.set(key, self.to_device(value))
+            return batch
+
+        def window(rows: torch.Tensor) -> torch.Tensor:  # every row an n-step target may read
+            n = min(n_step, max(1, self.ring.capacity // stride))
+            return self.ring.forward(rows.unsqueeze(1), torch.arange(n, device=rows.device) * stride)
+
+        return self._stable(read, slots, window)
 
     def slots(self, indices: Slots, name: str = "indices") -> torch.Tensor:
         """``indices`` as a validated 1-D int64 slot tensor on the storing device.

@@ -21,6 +21,7 @@ __all__ = [
     "BufferFull",
     "InconsistentStateError",
     "QueryError",
+    "ConcurrentUseError",
 ]
 
 
@@ -54,6 +55,12 @@ class StaleIteratorError(ReplayBufferError, RuntimeError):
 
 class ClosedBufferError(ReplayBufferError, RuntimeError):
     """A write reached a buffer after its ``close()``: its storage is gone for good."""
+
+
+class ConcurrentUseError(ReplayBufferError, RuntimeError):
+    """A read kept meeting another thread's writes to the very rows it read (one writer thread and
+    sampler threads are supported, a read re-reads rows overwritten meanwhile, but not forever);
+    the message names the reading thread."""
 
 
 class CheckpointError(ReplayBufferError, RuntimeError):

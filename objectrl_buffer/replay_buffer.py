@@ -27,9 +27,10 @@ from objectrl_buffer.checkpoint.generations import (
     save_checkpoint,
 )
 from objectrl_buffer.checkpoint.state_dict import make_state_dict, restore_state_dict
+from objectrl_buffer.core import validate
 from objectrl_buffer.core.envs import whole_steps
 from objectrl_buffer.core.keys import INDEX_KEY
-from objectrl_buffer.core.schema import Key, format_key
+from objectrl_buffer.core.schema import Key, as_keys, format_key
 from objectrl_buffer.core.seeding import derived_seed
 from objectrl_buffer.core.validate import env_multiple, integer, positive_int
 from objectrl_buffer.engine import Engine, Slots, Transition
@@ -72,6 +73,18 @@ class ReplayBuffer:
 
     Samples are new ``TensorDict`` s on ``device`` with the stored keys and ``"index"`` (each row's
     slot). ``pickle``/``copy.deepcopy``/``torch.save`` give a full, independent buffer (no epoch iterator).
+
+    Threads: one thread may ``add``/``add_batch`` while others sample (``sample_batch`` with or without
+    ``n_step``/``recent``, ``sample_by_index(_fields)``, ``sample_all``, epoch iterators, ``sample_slices``):
+    a sample never holds a half-written row (:meth:`Engine.read <objectrl_buffer.engine.Engine.read>`).
+    Other concurrent use (two writers, ``reset``/``load``/``close`` during a sample) needs a lock.
+
+    Raises:
+        InvalidArgumentError: naming the argument: a device torch does not know (``"gpu"``: did you mean
+            ``"cuda"``?), ``"meta"``, or one not available here (``"cuda"`` without CUDA); a number for a
+            device (Stable-Baselines3's argument order); a size that is not a positive int (at most
+            ``2**62``); a ``seed`` that is not an int a ``torch.Generator`` takes; a ``storage_dir`` that
+            is not a str/PathLike, is empty, or is (or lies below) a file, or where no folder can be made.
     """
 
     #: Types of :attr:`checkpoint_extras` whose saved values give :meth:`from_checkpoint` constructor arguments.
@@ -90,9 +103,13 @@ class ReplayBuffer:
         transition_keys: TransitionKeys | None = None,
         num_envs: int = 1,
     ) -> None:
+        where, stored_on = validate.buffer_devices(device, storing_device, buffer_size)
         envs = positive_int(num_envs, "num_envs")
         size = env_multiple(positive_int(buffer_size, "buffer_size"), envs)
-        self._engine = Engine(size, torch.device(device), torch.device(storing_device), storage_dir, num_envs=envs)
+        seed = None if seed is None else validate.seed(seed)
+        if storage_dir is not None:
+            storage_dir = validate.folder(storage_dir, "storage_dir")
+        self._engine = Engine(size, where, stored_on, storage_dir, num_envs=envs)
         self.print_gc_warning = print_gc_warning
         self.shuffle = shuffle
         self.transition_keys = TransitionKeys() if transition_keys is None else transition_keys
@@ -280,11 +297,12 @@ class ReplayBuffer:
         Raises:
             SchemaError: a field is not stored. SlotIndexError, InvalidArgumentError: as :meth:`sample_by_index`.
         """
+        keys = as_keys(fields, "fields")  # its type first: wrong whatever the buffer holds
         slots = self._engine.slots(indices)
         self._engine.require_rows()
         schema = self._engine.schema
         assert schema is not None
-        return self._engine.read(slots, schema.stored_keys(fields, "fields"), with_index=False)
+        return self._engine.read(slots, schema.stored_keys(keys, "fields"), with_index=False)
 
     def sample_slices(
         self, num_slices: int, slice_len: int, *, done_key: Key | None = None, pad: bool = False
@@ -306,8 +324,10 @@ class ReplayBuffer:
         if length > steps:
             per_env = "" if self.num_envs == 1 else f" per env, num_envs={self.num_envs}"
             raise InvalidArgumentError(f"slice_len {length} is larger than the buffer ({steps} rows{per_env})")
-        if done_key is not None and not isinstance(done_key, (str, tuple)):
-            raise InvalidArgumentError(f"done_key must be a key (str or tuple of str), got {done_key!r}")
+        if done_key is not None:
+            if not isinstance(done_key, (str, tuple)):
+                raise InvalidArgumentError(f"done_key must be a key (str or tuple of str), got {done_key!r}")
+            (done_key,) = as_keys(done_key, "done_key")
         engine = self._engine
         engine.require_rows()
         columns = engine.storage.columns
@@ -373,6 +393,7 @@ class ReplayBuffer:
             InvalidArgumentError: a bad argument (and as :meth:`create_epoch_iterator`).
         """
         n_epochs, max_iter = integer(n_epochs, "n_epochs"), integer(max_iter, "max_iter")
+        positive_int(batch_size, "batch_size")  # also for random sampling, whose batches get_next_batch draws
         window = self._window(recent)
         if n_epochs > 0:
             self.create_epoch_iterator(batch_size, n_epochs, shuffle, recent=window)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from objectrl_buffer import ReplayBuffer, errors
+from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer, errors
 from objectrl_buffer.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -300,3 +300,155 @@ def test_load_of_a_corrupt_file(wrapped: ReplayBuffer, tmp_path: pathlib.Path) -
 def test_save_into_a_missing_folder(wrapped: ReplayBuffer, tmp_path: pathlib.Path) -> None:
     target = tmp_path / "no" / "such" / "dir" / "b"
     raises_unchanged(wrapped, CheckpointError, RuntimeError, "b.metadata", lambda: wrapped.save(target))
+
+
+def test_bad_sizes_beyond_int64(wrapped: ReplayBuffer, tmp_path: pathlib.Path) -> None:
+    """2**70 was accepted as a capacity (then add raised TypeError) and reached torch as a batch size."""
+    with pytest.raises(InvalidArgumentError, match="buffer_size"):
+        ReplayBuffer("cpu", "cpu", 2**70, storage_dir=tmp_path)
+    raises_unchanged(wrapped, InvalidArgumentError, ValueError, "buffer_size", lambda: wrapped.reset(2**70))
+    raises_unchanged(wrapped, InvalidArgumentError, ValueError, "batch_size", lambda: wrapped.sample_batch(2**70))
+    raises_unchanged(wrapped, InvalidArgumentError, ValueError, "recent", lambda: wrapped.sample_batch(2, recent=2**70))
+    raises_unchanged(wrapped, InvalidArgumentError, ValueError, "num_slices", lambda: wrapped.sample_slices(2**70, 1))
+
+
+@pytest.mark.parametrize(
+    ("call", "named"),
+    [
+        (lambda rb: rb.sample_batch(2, n_step=True), "n_step"),
+        (lambda rb: rb.sample_batch(2, n_step=2.0), "n_step"),
+        (lambda rb: rb.sample_batch(2, n_step=2, gamma=True), "gamma"),
+        (lambda rb: rb.sample_batch(2, n_step=2, gamma=float("nan")), "gamma"),
+        (lambda rb: rb.sample_by_index_fields([0], None), "fields"),
+        (lambda rb: rb.sample_by_index_fields([0], 5), "fields"),
+        (lambda rb: rb.sample_slices(1, 2, done_key=5), "done_key"),
+        (lambda rb: rb.get_steps_and_iterator("1", 10, 2), "n_epochs"),
+        (lambda rb: rb.get_steps_and_iterator(1, "10", 2), "max_iter"),
+        (lambda rb: rb.get_steps_and_iterator(1, 10, "2"), "batch_size"),
+        (lambda rb: rb.get_steps_and_iterator(0, 10, 2, recent="3"), "recent"),
+        (lambda rb: rb.get_steps_and_iterator(0, 10, "2"), "batch_size"),  # was accepted without epochs
+        (lambda rb: rb.get_steps_and_iterator(torch.tensor([1, 2]), 10, 2), "n_epochs"),  # was a TypeError
+        (lambda rb: rb.sample_slices(1, 2, done_key=(5,)), "done_key"),  # was a TypeError from str.join
+        (lambda rb: rb.sample_by_index_fields([0], [("state", 5)]), "fields"),
+    ],
+    ids=[
+        "n_step-bool", "n_step-float", "gamma-bool", "gamma-nan", "fields-None", "fields-int", "done_key",
+        "n_epochs", "max_iter", "batch_size", "recent", "batch_size-no-epochs", "n_epochs-tensor", "done_key-tuple",
+        "fields-tuple",
+    ],
+)  # fmt: skip
+def test_wrong_types_name_the_argument(
+    wrapped: ReplayBuffer, rb: ReplayBuffer, call: Callable[[ReplayBuffer], Any], named: str
+) -> None:
+    raises_unchanged(wrapped, InvalidArgumentError, ValueError, named, lambda: call(wrapped))
+    # on an empty buffer too: the argument is wrong whatever the buffer holds (not EmptyBufferError)
+    if "index" not in named:
+        raises_unchanged(rb, InvalidArgumentError, ValueError, named, lambda: call(rb))
+
+
+# ---------------------------------------------------------------- constructor arguments
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_sb3_argument_order_is_explained(cls: type[ReplayBuffer]) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"device must be .*got 100000.*ReplayBuffer\(device, storing"):
+        cls(100_000, "cpu", "cpu")
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+@pytest.mark.parametrize(
+    ("device", "storing_device", "match"),
+    [
+        ("gpu", "cpu", r"device must be .*got 'gpu'.*did you mean 'cuda'"),
+        ("cpu", "GPU", r"storing_device must be .*got 'GPU'.*did you mean 'cuda'"),
+        ("CPU", "cpu", r"device .*got 'CPU'.*did you mean 'cpu'"),
+        ("cpu", None, r"storing_device must be .*got None"),
+        (0, "cpu", r"device must be .*got 0"),
+        ("cpu", "meta", r"storing_device .*'meta' holds no data"),
+        ("meta", "cpu", r"device .*'meta' holds no data"),
+    ],
+)
+def test_bad_devices(cls: type[ReplayBuffer], device: Any, storing_device: Any, match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        cls(device, storing_device, 10)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+@pytest.mark.parametrize("where", ["device", "storing_device"])
+def test_cuda_without_cuda_is_refused_at_construction(cls: type[ReplayBuffer], where: str) -> None:
+    """device='cuda' used to be accepted, then the first sample failed to pin memory."""
+    devices = {"device": "cpu", "storing_device": "cpu", where: "cuda"}
+    with pytest.raises(InvalidArgumentError, match=rf"{where} .*'cuda'.*CUDA is not available"):
+        cls(devices["device"], devices["storing_device"], 10)
+
+
+def test_cuda_ordinal_beyond_the_devices_is_refused() -> None:
+    ordinal = torch.cuda.device_count() if torch.cuda.is_available() else 0  # one past the last
+    with pytest.raises(InvalidArgumentError, match=f"storing_device .*'cuda:{ordinal}'"):
+        ReplayBuffer("cpu", f"cuda:{ordinal}", 10)
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+@pytest.mark.parametrize("seed", ["1", 1.5, 2**64, -(2**63) - 1, True, [1]])
+def test_bad_seed(cls: type[ReplayBuffer], seed: Any, tmp_path: pathlib.Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="seed"):
+        cls("cpu", "cpu", 10, seed=seed, storage_dir=tmp_path)
+
+
+@pytest.mark.parametrize("seed", [0, -1, 2**64 - 1, -(2**63), np.int64(7)])
+def test_seeds_torch_takes(seed: Any, tmp_path: pathlib.Path) -> None:
+    with ReplayBuffer("cpu", "cpu", 10, seed=seed, storage_dir=tmp_path) as rb:
+        fill(rb, range(3))
+        rb.sample_batch(2)
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_storage_dir_that_is_a_file(cls: type[ReplayBuffer], tmp_path: pathlib.Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for storage_dir in (a_file, a_file / "below"):
+        with pytest.raises(InvalidArgumentError, match=f"storage_dir .*'{a_file}' is a file"):
+            cls("cpu", "cpu", 10, storage_dir=storage_dir)
+    assert a_file.read_text() == ""
+
+
+@pytest.mark.parametrize("storage_dir", ["", b"/tmp", 5])
+def test_storage_dir_of_the_wrong_kind(storage_dir: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="storage_dir"):
+        ReplayBuffer("cpu", "cpu", 10, storage_dir=storage_dir)
+
+
+# ---------------------------------------------------------------- checkpoint paths
+BAD_PATHS = ["", 5, None, b"buffer", 3.0, ["buffer"], "folder/"]
+
+
+@pytest.fixture
+def in_empty_cwd(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """A fresh, empty current directory (``save("")`` used to write ``.metadata`` there)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+@pytest.mark.parametrize("path", BAD_PATHS, ids=repr)
+@pytest.mark.parametrize("data", [False, True])
+def test_save_refuses_bad_paths(cls: type[ReplayBuffer], path: Any, data: bool, in_empty_cwd: pathlib.Path) -> None:
+    (in_empty_cwd / "folder").mkdir()
+    rb = cls("cpu", "cpu", 10, seed=0, storage_dir=in_empty_cwd.parent / "storage")
+    fill(rb, range(4))
+    raises_unchanged(rb, InvalidArgumentError, ValueError, "path", lambda: rb.save(path, data=data))
+    assert sorted(p.name for p in in_empty_cwd.rglob("*")) == ["folder"]  # nothing written anywhere
+    rb.close()
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+@pytest.mark.parametrize("path", BAD_PATHS, ids=repr)
+def test_load_refuses_bad_paths(cls: type[ReplayBuffer], path: Any, in_empty_cwd: pathlib.Path) -> None:
+    rb = cls("cpu", "cpu", 10, seed=0, storage_dir=in_empty_cwd.parent / "storage")
+    fill(rb, range(4))
+    (in_empty_cwd / ".metadata").write_bytes(b"")  # what save("") left behind: must not be read either
+    raises_unchanged(rb, InvalidArgumentError, ValueError, "path", lambda: rb.load(path))
+    with pytest.raises(InvalidArgumentError, match="path"):
+        cls.from_checkpoint(path)
+    rb.close()

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from objectrl_buffer.checkpoint.io import atomic_write, read_small_file
+from objectrl_buffer.core import validate
 from objectrl_buffer.core.validate import MAX_SIZE
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 
@@ -61,8 +62,12 @@ def checkpoint_base(path: str | os.PathLike[str]) -> str:
     checkpoint. Only where ``run.metadata`` does not exist but ``run.metadata.metadata`` does (saved by
     0.1.0 at a path ending in ``.metadata``) does ``run.metadata`` keep its old meaning, so such a
     checkpoint still loads and later saves go on writing it.
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a str/PathLike, is empty or ends in a folder separator
+            (every save, load and verify goes through here, so none writes or reads ``./.metadata``).
     """
-    path = os.fspath(path)
+    path = validate.path(path, "path")  # a non-empty str/PathLike naming a file: never ./.metadata
     if path.endswith(METADATA_SUFFIX) and (os.path.exists(path) or not os.path.exists(path + METADATA_SUFFIX)):
         return path[: -len(METADATA_SUFFIX)]
     return path

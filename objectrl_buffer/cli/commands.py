@@ -28,7 +28,7 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from objectrl_buffer.errors import CheckpointError
+from objectrl_buffer.errors import CheckpointError, InvalidArgumentError
 from objectrl_buffer.storage import folders, placement
 
 if TYPE_CHECKING:
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                 _print_human(info)
             return 0
         ckpt = verify_checkpoint(path)
-    except CheckpointError as exc:
+    except (CheckpointError, InvalidArgumentError) as exc:  # a damaged checkpoint, or a path that names none
         print(f"objectrl-buffer {args.command}: FAILED: {exc}", file=sys.stderr)
         return 1
     if ckpt.manifest is None:

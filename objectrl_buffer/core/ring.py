@@ -33,13 +33,17 @@ class Ring:
     The fields are plain ints, read and written directly on the per-step path.
     """
 
-    __slots__ = ("capacity", "phantom", "pointer", "size")
+    __slots__ = ("begun", "capacity", "done", "phantom", "pointer", "size")
 
     def __init__(self, capacity: int, size: int = 0, pointer: int = 0, phantom: int = 0) -> None:
         self.capacity = capacity
         self.size = size
         self.pointer = pointer
         self.phantom = phantom
+        # Rows whose write has begun / is done, counted since construction (a writer's seqlock; see
+        # overwritten()). Equal when no write is under way; not part of state(): copies start at 0.
+        self.begun = 0
+        self.done = 0
 
     def __repr__(self) -> str:
         phantom = f", phantom={self.phantom}" if self.phantom else ""
@@ -93,6 +97,19 @@ class Ring:
             raise ValueError(f"ring pointer {self.pointer} is outside [0, {self.capacity})")
         if not 0 <= self.phantom <= self.size:
             raise ValueError(f"ring phantom {self.phantom} is outside [0, size={self.size}]")
+
+    def overwritten(self, slots: torch.Tensor, done: int, pointer: int) -> torch.Tensor | None:
+        """Which of ``slots`` (``[k]``, or ``[k, m]``: row ``i`` read slots ``slots[i]``) a write may have
+        changed since ``done`` and ``pointer`` were read (in that order, before the slots were read), as a
+        ``[k]`` bool mask; ``None`` when no write began since. The rows written since lie at ``pointer,
+        pointer + 1, ...``, ``begun - done`` of them at most (the whole ring from ``capacity`` on)."""
+        span = self.begun - done
+        if span <= 0:
+            return None
+        if span >= self.capacity:
+            return torch.ones(slots.shape[:1], dtype=torch.bool, device=slots.device)
+        hit = (slots - pointer).remainder_(self.capacity) < span
+        return hit if hit.dim() == 1 else hit.flatten(1).any(1)
 
     def held_under(self, pointer: int, size: int) -> int:
         """How many of the newest ``size`` rows would hold data if the counters became ``(pointer, size)``.

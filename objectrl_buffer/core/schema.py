@@ -52,6 +52,7 @@ from objectrl_buffer.errors import CastWarning, InvalidArgumentError, SchemaErro
 __all__ = [
     "Field",
     "Schema",
+    "as_keys",
     "Key",
     "INDEX_KEY",
     "leaves",
@@ -319,7 +320,7 @@ class Schema:
                         f"key '{format_key(field.key)}': a tensor of dtype={_dtype_name(dtype)}, shape={tuple(rows)} "
                         f"per row is stored as {field.describe()} (cast without loss; warned once per key)",
                         CastWarning,
-                        stacklevel=3 + batch_dims,
+                        stacklevel=4 + batch_dims,  # the caller of add() / of add_batch()
                     )
         return pairs, (1 if batch_dims == 0 else max(n, 0))
 
@@ -376,15 +377,9 @@ class Schema:
         Raises:
             InvalidArgumentError: ``fields`` is not a key or keys. SchemaError: a key is not stored.
         """
-        if isinstance(fields, (str, tuple)):
-            keys = [fields]
-        elif isinstance(fields, Iterable) and not isinstance(fields, (bytes, Mapping)):
-            keys = list(fields)
-        else:
-            raise InvalidArgumentError(f"{name} must be a key or a list of keys, got {fields!r}")
-        keys = [k[0] if isinstance(k, tuple) and len(k) == 1 else k for k in keys]
+        keys = as_keys(fields, name)
         for key in keys:
-            if not isinstance(key, (str, tuple)) or key not in self.by_key:
+            if key not in self.by_key:
                 stored = [f.key for f in self.fields]
                 raise SchemaError(f"{name}: {key!r} is not stored; stored keys: {stored}")
         return keys
@@ -397,6 +392,26 @@ class Schema:
 
     def _mismatch(self, field: Field, got: str) -> str:
         return f"key '{format_key(field.key)}': the buffer stores {field.describe()} per row, the write has {got}"
+
+
+def as_keys(fields: Any, name: str = "fields") -> list[Key]:
+    """``fields`` (a key or an iterable of keys; ``("reward",)`` means ``"reward"``) as a list of keys,
+    whatever a schema stores: checked before a buffer's state is.
+
+    Raises:
+        InvalidArgumentError: naming ``name``: not a key (a ``str`` or a tuple of ``str``) or keys.
+    """
+    if isinstance(fields, (str, tuple)):
+        keys = [fields]
+    elif isinstance(fields, Iterable) and not isinstance(fields, (bytes, Mapping)):
+        keys = list(fields)
+    else:
+        raise InvalidArgumentError(f"{name} must be a key or a list of keys, got {fields!r}")
+    keys = [k[0] if isinstance(k, tuple) and len(k) == 1 else k for k in keys]
+    for key in keys:
+        if not (isinstance(key, str) or (isinstance(key, tuple) and key and all(isinstance(p, str) for p in key))):
+            raise InvalidArgumentError(f"{name} must be keys (a str or a tuple of str), got {key!r} among them")
+    return keys
 
 
 def require_mapping(data: object, method: str) -> None:

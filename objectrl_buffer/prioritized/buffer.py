@@ -36,7 +36,7 @@ import torch
 from tensordict import TensorDict
 
 from objectrl_buffer.core.keys import WEIGHT_KEY
-from objectrl_buffer.core.validate import positive_int, real_in
+from objectrl_buffer.core.validate import buffer_devices, positive_int, real_in
 from objectrl_buffer.engine import Slots, Transition
 from objectrl_buffer.errors import InvalidArgumentError
 from objectrl_buffer.prioritized.checkpoint import RANGES
@@ -88,7 +88,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         alpha = real_in(alpha, "alpha", *RANGES["alpha"], finite=True)
         beta = real_in(beta, "beta", *RANGES["beta"])
         eps = real_in(eps, "eps", *RANGES["eps"], finite=True)
-        check_backend(backend, torch.device(storing_device))
+        check_backend(backend, buffer_devices(device, storing_device, buffer_size)[1])
         super().__init__(device, storing_device, buffer_size, print_gc_warning, **kwargs)
         self._priorities = Priorities(self._engine, alpha, beta, eps, backend)
         self.checkpoint_extras.append(self._priorities)

@@ -20,23 +20,19 @@ import torch
 
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import Key
-from objectrl_buffer.errors import InvalidArgumentError
+from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.sampling.slices import TransitionKeys, episode_ends, require_keys
 
 __all__ = ["check_n_step", "n_step_targets"]
 
 
 def check_n_step(n_step: object, gamma: object) -> tuple[int, float]:
-    """Validate ``n_step`` (an int >= 1) and ``gamma`` (a real number in ``[0, 1]``).
+    """Validate ``n_step`` (an int in ``[1, 2**62]``) and ``gamma`` (a real number in ``[0, 1]``).
 
     Raises:
         InvalidArgumentError: naming the argument and the value.
     """
-    if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
-        raise InvalidArgumentError(f"n_step must be an int >= 1, got {n_step!r}")
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
-        raise InvalidArgumentError(f"gamma must be a number in [0, 1], got {gamma!r}")
-    return n_step, float(gamma)
+    return positive_int(n_step, "n_step"), real_in(gamma, "gamma", 0.0, 1.0)
 
 
 def n_step_targets(
@@ -69,6 +65,8 @@ def n_step_targets(
         SchemaError: a key in ``keys`` is not stored.
     """
     ends_keys = keys.episode_end
+    # An env's rows that hold data bound any sum: a larger n reads the same rows, in a [k, n] window.
+    n_step = min(n_step, max(1, ring.held // stride))
     require_keys(columns, (keys.reward, keys.next_state, *ends_keys), "n-step sampling")
     device = slots.device
     k = slots.numel()

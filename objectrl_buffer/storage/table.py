@@ -54,7 +54,7 @@ from torchrl.data.replay_buffers.storages import TensorStorage
 
 from objectrl_buffer.core.ring import spans
 from objectrl_buffer.core.schema import Key, Schema
-from objectrl_buffer.errors import ClosedBufferError
+from objectrl_buffer.errors import ClosedBufferError, InvalidArgumentError
 from objectrl_buffer.storage import folders, placement, torchrl_compat
 from objectrl_buffer.storage.fast_write import FastWriter, numpy_views
 from objectrl_buffer.storage.prefault import populate_all
@@ -125,7 +125,12 @@ class TransitionStorage:
             self.torchrl = LazyMemmapStorage(capacity, existsok=True, auto_cleanup=False, compilable=True)
             self._finalizer = weakref.finalize(self, _remove_folders, self._folders)
             if self._parent is not None:
-                self._make_folder(self._parent)
+                try:
+                    self._make_folder(self._parent)
+                except OSError as exc:  # read-only, no permission, out of inodes, a file in the way
+                    raise InvalidArgumentError(
+                        f"storage_dir '{self._parent}': cannot make the buffer's folder there: {exc}"
+                    ) from exc
         else:
             self.torchrl = LazyTensorStorage(capacity, device=device, compilable=True)
 

@@ -6,6 +6,7 @@ import logging
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -107,6 +108,20 @@ def test_n_step_matches_reference(
     rb.close()
 
 
+@pytest.mark.parametrize("n_step", [2**62, 2**40, np.int64(25)])
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_n_step_beyond_the_buffer_reads_what_it_holds(tmp_path: Any, n_step: Any, prioritized: bool) -> None:
+    """n_step=2**62 used to allocate a [k, n] window (RuntimeError "Storage size calculation overflowed"):
+    a sum never runs past the newest row, so any n from the rows held on gives the same targets."""
+    rows = episode_rows(30, 1, 0.0, 0.0)  # no episode ends: every sum runs to the write head
+    cls = PrioritizedReplayBuffer if prioritized else ReplayBuffer
+    rb = cls("cpu", "cpu", 12, seed=5, storage_dir=tmp_path)
+    rb.add_batch(rows)
+    batch = rb.sample_batch(40, n_step=n_step, gamma=0.9)
+    check_against_reference(batch, reference(rows, 12, 12, 0.9))
+    rb.close()
+
+
 def test_write_head_and_episode_end_stop_the_sum(tmp_path: Any) -> None:
     """Capacity 6 after 9 rows (steps 3..8 stored); step 5 is terminal, step 7 truncated."""
     rows = episode_rows(9, 0, 0.0, 0.0)
@@ -186,6 +201,9 @@ def test_missing_keys_raise_schema_error(tmp_path: Any) -> None:
         ({"n_step": 3, "gamma": 1.01}, "gamma"),
         ({"n_step": 3, "gamma": float("nan")}, "gamma"),
         ({"n_step": 3, "gamma": "0.9"}, "gamma"),
+        ({"n_step": 2**64}, "n_step"),  # was an OverflowError from torch
+        ({"n_step": 2**62 + 1}, "n_step"),
+        ({"n_step": torch.tensor([2, 3])}, "n_step"),
     ],
 )
 @pytest.mark.parametrize("prioritized", [False, True])
