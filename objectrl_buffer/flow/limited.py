@@ -58,7 +58,11 @@ class LimitedBuffer:
         extras.append(limiter)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["buffer"], name)
+        try:
+            buffer = self.__dict__["buffer"]
+        except KeyError:  # during unpickling, before __dict__ is filled
+            raise AttributeError(name) from None
+        return getattr(buffer, name)
 
     def __len__(self) -> int:
         return len(self.buffer)

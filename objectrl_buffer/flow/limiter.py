@@ -370,7 +370,7 @@ class RateLimiter:
         ``min_size_to_sample * spi`` (the ratio's centre): neither side bursts after the load."""
         with self._cond:
             if values:
-                self.inserts, self.samples, self.deletes = (int(values[key]) for key in _COUNTERS)  # type: ignore[arg-type]
+                self.inserts, self.samples, self.deletes = (int(values[key]) for key in _COUNTERS)
             else:
                 rows = self._rows_restored
                 self.inserts, self.deletes = rows, 0

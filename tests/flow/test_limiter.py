@@ -21,12 +21,16 @@ from objectrl_buffer.flow import MinSize, Queue, RateLimiter, SampleToInsertRati
 BIG = sys.float_info.max
 
 
-def reverb_can_insert(spi: float, min_size: int, min_diff: float, max_diff: float, i: int, s: int, d: int, n: int) -> bool:
+def reverb_can_insert(
+    spi: float, min_size: int, min_diff: float, max_diff: float, i: int, s: int, d: int, n: int
+) -> bool:
     """Reverb's CanInsert, written out from its documented semantics."""
     return i + n - d <= min_size or (i + n) * spi - s <= max_diff
 
 
-def reverb_can_sample(spi: float, min_size: int, min_diff: float, max_diff: float, i: int, s: int, d: int, n: int) -> bool:
+def reverb_can_sample(
+    spi: float, min_size: int, min_diff: float, max_diff: float, i: int, s: int, d: int, n: int
+) -> bool:
     """Reverb's CanSample."""
     return i - d >= min_size and i * spi - s - n >= min_diff
 
@@ -107,11 +111,21 @@ def test_admission_matches_reverb(spi: float, size: int, lo: int, width: int, i:
 
 def test_factories_follow_reverb() -> None:
     ratio = SampleToInsertRatio(4, 100, 20)
-    assert (ratio.samples_per_insert, ratio.min_size_to_sample, ratio.min_diff, ratio.max_diff) == (4.0, 100, 380.0, 420.0)
+    assert (ratio.samples_per_insert, ratio.min_size_to_sample, ratio.min_diff, ratio.max_diff) == (
+        4.0,
+        100,
+        380.0,
+        420.0,
+    )
     pair = SampleToInsertRatio(2, 10, (-5.0, 30.0))  # a pair is used without the offset
     assert (pair.min_diff, pair.max_diff) == (-5.0, 30.0)
     minsize = MinSize(7)
-    assert (minsize.samples_per_insert, minsize.min_size_to_sample, minsize.min_diff, minsize.max_diff) == (1.0, 7, -BIG, BIG)
+    assert (minsize.samples_per_insert, minsize.min_size_to_sample, minsize.min_diff, minsize.max_diff) == (
+        1.0,
+        7,
+        -BIG,
+        BIG,
+    )
     queue = Queue(5)
     assert (queue.samples_per_insert, queue.min_size_to_sample, queue.min_diff, queue.max_diff) == (1.0, 1, 0.0, 5.0)
     assert isinstance(ratio, RateLimiter) and isinstance(queue, RateLimiter)
@@ -159,7 +173,7 @@ def test_bad_counts_are_refused() -> None:
 
 def test_timeouts_change_nothing() -> None:
     limiter = at(SampleToInsertRatio(4, 100, 20, deadlock_after_s=None), 105, 20)  # diff 400
-    with pytest.raises(RateLimitTimeout, match="insert of n=6 not admitted within timeout=0.05s") as info:
+    with pytest.raises(RateLimitTimeout, match=r"insert of n=6 not admitted within timeout=0\.05s") as info:
         limiter.insert(6, timeout=0.05)  # 111 * 4 - 20 > 420
     assert isinstance(info.value, TimeoutError)
     with pytest.raises(RateLimitTimeout):
