@@ -10,7 +10,7 @@ STAMP   = $(VENV)/.installed
 $(STAMP): pyproject.toml .ci/constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c .ci/constraints-cpu.txt torch
-	$(PY) -m pip install -q -c .ci/constraints-cpu.txt -e ".[examples,test]"
+	$(PY) -m pip install -q -c .ci/constraints-cpu.txt -e ".[examples,test,ray]"
 	touch $(STAMP)
 
 setup: $(STAMP)
