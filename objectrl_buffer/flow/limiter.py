@@ -151,23 +151,22 @@ class RateLimiter:
     # ------------------------------------------------------------------ non-blocking
     def try_insert(self, n: int = 1) -> bool:
         """Count ``n`` inserts if admitted now; ``False`` (nothing counted) otherwise."""
-        n = positive_int(n, "n")
-        with self._cond:
-            self._join()
-            if not self.can_insert(n):
-                return False
-            self.inserts += n
-            self._changed()
-            return True
+        return self._try(n, inserting=True)
 
     def try_sample(self, n: int = 1) -> bool:
         """Count ``n`` samples if admitted now; ``False`` (nothing counted) otherwise."""
+        return self._try(n, inserting=False)
+
+    def _try(self, n: int, inserting: bool) -> bool:
         n = positive_int(n, "n")
         with self._cond:
             self._join()
-            if not self.can_sample(n):
+            if not (self.can_insert(n) if inserting else self.can_sample(n)):
                 return False
-            self.samples += n
+            if inserting:
+                self.inserts += n
+            else:
+                self.samples += n
             self._changed()
             return True
 
