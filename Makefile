@@ -7,6 +7,7 @@ VENV        ?= .venv
 TORCH_INDEX ?= auto
 PY           = $(VENV)/bin/python
 STAMP        = $(VENV)/.installed
+RAY_STAMP    = $(VENV)/.installed-ray
 # compat: a .pth path entry that mypy, Pylance and other type checkers follow (the default editable
 # mode installs an import hook that only the interpreter sees)
 EDITABLE     = --config-settings editable_mode=compat
@@ -21,12 +22,17 @@ $(STAMP): pyproject.toml .ci/constraints-cpu.txt .ci/torch_index.py
 	$(PY) -m pip install -q -c .ci/constraints-cpu.txt $(EDITABLE) -e ".[examples,test]"
 	touch $(STAMP)
 
+# The tests also run the Ray-served buffer: the optional `ray` extra, installed for `make test` only.
+$(RAY_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c .ci/constraints-cpu.txt "ray>=2.40"
+	touch $(RAY_STAMP)
+
 setup: $(STAMP)
 
 train: $(STAMP)
 	$(PY) examples/dqn_cartpole.py
 
-test: $(STAMP)
+test: $(RAY_STAMP)
 	$(PY) -m ruff check objectrl_buffer tests examples benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest -q

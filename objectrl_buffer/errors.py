@@ -22,6 +22,8 @@ __all__ = [
     "InconsistentStateError",
     "QueryError",
     "ConcurrentUseError",
+    "RateLimitTimeout",
+    "RateLimitDeadlock",
 ]
 
 
@@ -86,6 +88,17 @@ class InconsistentStateError(ReplayBufferError, AssertionError):
 
     Subclasses ``AssertionError``, what upstream's plain ``assert`` checks raised.
     """
+
+
+class RateLimitTimeout(ReplayBufferError, TimeoutError):
+    """A rate-limited insert or sample was not admitted within its ``timeout``; nothing changed (no rows
+    written or drawn, the limiter's counters as before). The message names the call, ``n`` and the counters."""
+
+
+class RateLimitDeadlock(ReplayBufferError, RuntimeError):
+    """A rate-limited call would wait forever: nothing can ever change the limiter's counters (no other live
+    party that is not itself waiting), or the call asks for more than the limiter's window admits at once.
+    Nothing changed; see :mod:`objectrl_buffer.flow` for the rule."""
 
 
 class CastWarning(UserWarning):

@@ -1,0 +1,214 @@
+"""One buffer, many processes on one machine: rows in shared memory-mapped files that every process writes and samples.
+
+:func:`share` turns a CPU buffer's schema and rows into a :class:`SharedBuffer`; the handle goes to
+``multiprocessing`` children (``spawn``, ``fork``, ``forkserver``) and ``torch.multiprocessing`` workers as a
+plain argument: every pickle of a handle attaches to the same files (it is a handle, not a copy). Slots are
+reserved through :class:`~objectrl_buffer.core.shared_counter.SharedSlots` (a 64-bit counter under a
+kernel-released lock, held only for the increment); samplers read only committed rows (per-slot
+generations), so no row is ever seen half-written and a writer killed mid-write blocks nobody: its slots
+are skipped until rewritten.
+
+Rows in flight must be fewer than ``capacity`` (two writers may not hold the same slot at once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from typing import Any, BinaryIO
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from objectrl_buffer.checkpoint.io import atomic_write, read_small_file
+from objectrl_buffer.core.keys import INDEX_KEY
+from objectrl_buffer.core.schema import Field, Key, Schema
+from objectrl_buffer.core.shared_counter import SharedSlots
+from objectrl_buffer.core.validate import positive_int
+from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError
+from objectrl_buffer.storage.table import make_tensordict
+
+__all__ = ["SharedBuffer", "share"]
+
+_LAYOUT = "layout.json"
+_SLOTS = "slots.bin"
+_MAX_TRIES = 64  # redraws of rows that were being written when read
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise InvalidArgumentError(f"bad dtype {name!r} in a shared buffer layout")
+    return dtype
+
+
+class SharedBuffer:
+    """A ring of ``capacity`` rows of ``schema`` in memory-mapped files under ``folder``, shared by processes.
+
+    Build one with :func:`share` (or :meth:`create`); pass it to child processes as an argument.
+
+    Args (of :meth:`create`):
+        schema: the stored fields. capacity: slots (> 0). folder: where the files go (``None``: a new
+        folder in ``/dev/shm`` when it exists, else the temp folder). seed: of this process's generator.
+
+    Samples are ``TensorDict`` s on CPU with the stored keys and ``"index"`` (each row's slot).
+    """
+
+    def __init__(self, folder: str, *, seed: int | None = None, owner: bool = False) -> None:
+        layout = json.loads(read_small_file(os.path.join(folder, _LAYOUT), 1 << 20))
+        self.folder, self.owner = folder, owner
+        self.capacity = positive_int(layout["capacity"], "capacity")
+        self.schema = Schema(
+            [
+                Field(
+                    tuple(f["key"]) if isinstance(f["key"], list) else f["key"],
+                    torch.Size(f["shape"]),
+                    _dtype(f["dtype"]),
+                )
+                for f in layout["fields"]
+            ]
+        )
+        self.slots = SharedSlots(os.path.join(folder, _SLOTS), self.capacity)
+        self.columns: dict[Key, torch.Tensor] = {}
+        for i, field in enumerate(self.schema.fields):
+            numel = self.capacity * field.shape.numel()
+            flat = torch.from_file(os.path.join(folder, f"col{i}.bin"), shared=True, size=numel, dtype=field.dtype)
+            self.columns[field.key] = flat.view(self.capacity, *field.shape)
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        self._warned: set[Key] = set()
+
+    @classmethod
+    def create(
+        cls, schema: Schema, capacity: int, folder: str | os.PathLike[str] | None = None, *, seed: int | None = None
+    ) -> SharedBuffer:
+        """A new, empty shared buffer (this process owns its files: :meth:`close` removes them)."""
+        capacity = positive_int(capacity, "capacity")
+        parent = str(folder) if folder is not None else ("/dev/shm" if os.path.isdir("/dev/shm") else None)
+        path = tempfile.mkdtemp(prefix="objectrl-shared-", dir=parent)
+        fields = [
+            {"key": list(f.key) if isinstance(f.key, tuple) else f.key, "shape": list(f.shape), "dtype": str(f.dtype)}
+            for f in schema.fields
+        ]
+        for i, field in enumerate(schema.fields):
+            with open(os.path.join(path, f"col{i}.bin"), "xb") as f:
+                f.truncate(capacity * field.row_bytes)
+        SharedSlots(os.path.join(path, _SLOTS), capacity, create=True)
+        layout = json.dumps({"capacity": capacity, "fields": fields}).encode()
+
+        def write(f: BinaryIO) -> None:
+            f.write(layout)
+
+        atomic_write(os.path.join(path, _LAYOUT), write)
+        return cls(path, seed=seed, owner=True)
+
+    # ------------------------------------------------------------------ handles
+    def __reduce__(self) -> tuple[Any, ...]:
+        # every pickle is a handle on the same files (a child's generator is seeded afresh)
+        return (SharedBuffer, (self.folder,))
+
+    def close(self) -> None:
+        """Drop this handle's mappings; the owner also removes the files (children keep theirs until they exit)."""
+        self.columns = {}
+        if self.owner:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.owner = False
+
+    def __enter__(self) -> SharedBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ counters
+    @property
+    def reserved(self) -> int:
+        """Rows ever reserved by every process (those of a killed writer included)."""
+        return self.slots.reserved
+
+    def __len__(self) -> int:
+        """Slots that hold or are getting a row: ``min(reserved, capacity)``."""
+        return min(self.slots.reserved, self.capacity)
+
+    def committed(self) -> int:
+        """Slots that hold a finished row (what samples are drawn from)."""
+        return self.slots.committed()
+
+    # ------------------------------------------------------------------ writes
+    def add(self, transition: TensorDictBase | Mapping[str, Any]) -> None:
+        """Store one transition (checked against the schema as a buffer's ``add``; nothing stored on error)."""
+        pairs, _ = self.schema.check(transition, batch_dims=0, warned=self._warned)
+        self._write([(f, torch.as_tensor(v, dtype=f.dtype).reshape(1, *f.shape)) for f, v in pairs], 1)
+
+    def add_batch(self, batch: TensorDictBase | Mapping[str, Any]) -> None:
+        """Store ``N`` transitions at reserved slots (``N > capacity`` keeps the newest)."""
+        pairs, n = self.schema.check(batch, batch_dims=1, warned=self._warned)
+        if n:
+            self._write([(f, torch.as_tensor(v, dtype=f.dtype)) for f, v in pairs], n)
+
+    def _write(self, pairs: list[tuple[Field, torch.Tensor]], n: int) -> None:
+        start = self.slots.reserve(n)
+        keep = min(n, self.capacity)
+        seqs = torch.arange(start + n - keep, start + n, dtype=torch.int64)
+        slots = seqs % self.capacity
+        self.slots.begin(slots)
+        for field, value in pairs:
+            self.columns[field.key].index_copy_(0, slots, value[n - keep :])  # not col[slots] = ...: ~1000x slower
+        self.slots.commit(slots, seqs)
+
+    # ------------------------------------------------------------------ reads
+    def sample_batch(self, batch_size: int) -> TensorDict:
+        """``batch_size`` finished rows drawn uniformly with replacement (rows being written are redrawn).
+
+        Raises:
+            EmptyBufferError: no finished row.
+        """
+        k = positive_int(batch_size, "batch_size")
+        out: dict[Key, torch.Tensor] = {f.key: torch.empty(k, *f.shape, dtype=f.dtype) for f in self.schema.fields}
+        index = torch.empty(k, dtype=torch.int64)
+        todo = torch.arange(k)
+        for _ in range(_MAX_TRIES):
+            held = len(self)
+            if held == 0:
+                break
+            slots = torch.randint(0, held, (todo.numel(),), generator=self.generator)
+            before = self.slots.generations(slots)
+            rows = {key: column.index_select(0, slots) for key, column in self.columns.items()}
+            ok = (before > 0) & (before == self.slots.generations(slots))
+            if todo.numel() == k and bool(ok.all()):  # the common case: every row was finished
+                rows[INDEX_KEY] = slots
+                return make_tensordict(rows, torch.Size([k]), None)
+            # index_select/index_copy_ only: boolean and advanced indexing are ~1000x slower here
+            good = ok.nonzero().squeeze(1)
+            done = todo.index_select(0, good)
+            for key, value in rows.items():
+                out[key].index_copy_(0, done, value.index_select(0, good))
+            index.index_copy_(0, done, slots.index_select(0, good))
+            todo = todo.index_select(0, (~ok).nonzero().squeeze(1))
+            if todo.numel() == 0:
+                out[INDEX_KEY] = index
+                return make_tensordict(out, torch.Size([k]), None)
+        raise EmptyBufferError(f"no finished row to sample (reserved {self.reserved}, committed {self.committed()})")
+
+
+def share(buffer: Any, *, seed: int | None = None) -> SharedBuffer:
+    """A :class:`SharedBuffer` with ``buffer``'s schema and capacity holding its rows (oldest first).
+
+    Raises:
+        InvalidArgumentError: the buffer has no schema yet (write one row first) or does not store on CPU.
+    """
+    if buffer.schema is None:
+        raise InvalidArgumentError("share(buffer): the buffer has no schema yet; write a row first")
+    if torch.device(buffer.storing_device).type != "cpu":
+        raise InvalidArgumentError(f"share(buffer): storing_device must be cpu, got {buffer.storing_device}")
+    shared = SharedBuffer.create(buffer.schema, buffer.buffer_size, seed=seed)
+    if len(buffer):
+        rows = buffer.sample_all()
+        shared.add_batch(rows.exclude(INDEX_KEY))
+    return shared
