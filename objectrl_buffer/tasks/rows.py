@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import numbers
+import operator
 import struct
 import uuid
 from dataclasses import InitVar, dataclass, field
@@ -39,6 +40,10 @@ _DATA_NUMERIC = ("reward_t", "adv_t", "v_t")
 _MAX_DEPTH = 64
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 _NUMBER = frozenset({int, float})
+_STR = frozenset({str})
+_META_NAMES = ("task_id", "task_name", "agent_id", "pre_agent", "step", "execute_time")
+_DATA_NAMES = ("state", "actions", "messages", "reward_t", "adv_t", "v_t")
+_META_FIELDS, _DATA_FIELDS = operator.attrgetter(*_META_NAMES), operator.attrgetter(*_DATA_NAMES)
 _TENSOR, _DICT = "$tensor", "$dict"  # markers in the encoded JSON; a user dict holding one is wrapped in $dict
 
 
@@ -176,17 +181,16 @@ def plain_copy(value: Any, depth: int = 0) -> Any:
     ``_MAX_DEPTH``) so the caller redoes the whole value with :func:`json_form`."""
     kind = type(value)
     if kind is dict:
-        if depth >= _MAX_DEPTH:
+        if depth >= _MAX_DEPTH or not _STR.issuperset(map(type, value)):
             raise NotPlain
-        out = {}
-        for k, v in value.items():
-            if type(k) is not str:
-                raise NotPlain
-            out[k] = v if type(v) in _PLAIN else plain_copy(v, depth + 1)
-        return out
+        if _PLAIN.issuperset(map(type, value.values())):  # flat: the type check and the copy run in C
+            return value.copy()
+        return {k: v if type(v) in _PLAIN else plain_copy(v, depth + 1) for k, v in value.items()}
     if kind is list:
         if depth >= _MAX_DEPTH:
             raise NotPlain
+        if _PLAIN.issuperset(map(type, value)):
+            return value.copy()
         return [v if type(v) in _PLAIN else plain_copy(v, depth + 1) for v in value]
     if kind in _PLAIN:
         return value
@@ -216,13 +220,11 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
     meta = getattr(row, "exp_meta", None)
     if not meta:
         raise ValueError("exp_meta is required")
+    try:  # one C call for all six fields; a missing one reads as None, as getattr(meta, name, None) would
+        task_id, name, agent, pre, step, when = _META_FIELDS(meta)
+    except AttributeError:
+        task_id, name, agent, pre, step, when = (getattr(meta, n, None) for n in _META_NAMES)
     # exact types first (one check each), the general checks and their errors otherwise
-    task_id, name, agent = (
-        getattr(meta, "task_id", None),
-        getattr(meta, "task_name", None),
-        getattr(meta, "agent_id", None),
-    )
-    pre = getattr(meta, "pre_agent", None)
     if type(task_id) is not str:
         task_id = _meta_string(task_id, "task_id", True)
     if type(name) is not str:
@@ -231,19 +233,16 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
         agent = _meta_string(agent, "agent_id", False)
     if pre is not None and type(pre) is not str:
         pre = _meta_string(pre, "pre_agent", False)
-    step, when = getattr(meta, "step", None), getattr(meta, "execute_time", None)
     if type(step) not in _NUMBER:
         step = _meta_number(step, "step")
     if type(when) not in _NUMBER:
         when = _meta_number(when, "execute_time")
     data = getattr(row, "exp_data", None)
     # payload fields: JSON-native scalars as they are, containers by the plain_copy walk, the rest json_form
-    state, actions, messages = (
-        getattr(data, "state", None),
-        getattr(data, "actions", None),
-        getattr(data, "messages", None),
-    )
-    reward, adv, v = getattr(data, "reward_t", None), getattr(data, "adv_t", None), getattr(data, "v_t", None)
+    try:
+        state, actions, messages, reward, adv, v = _DATA_FIELDS(data)
+    except AttributeError:
+        state, actions, messages, reward, adv, v = (getattr(data, n, None) for n in _DATA_NAMES)
     if type(state) not in _PLAIN:
         state = _form(state, "exp_data.state")
     if type(actions) not in _PLAIN:
@@ -261,7 +260,7 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
     if type(row_id) is not str and not isinstance(row_id, str):
         raise TypeError(f"DataRow.id must be a str, got {type(row_id).__name__}")
     stored = DataRow(
-        ExpMeta(task_id, name, agent, step, when, pre),  # type: ignore[arg-type]
+        ExpMeta(task_id, name, agent, step, when, pre),
         Experience(state, actions, reward, adv, v, messages),
         row_id,
     )
@@ -273,9 +272,9 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
         pre,
         nan if step is None else float(step),
         nan if when is None else float(when),
-        reward if type(reward) is float else _number(reward),
-        adv if type(adv) is float else _number(adv),
-        v if type(v) is float else _number(v),
+        reward if type(reward) is float else nan if reward is None else _number(reward),
+        adv if type(adv) is float else nan if adv is None else _number(adv),
+        v if type(v) is float else nan if v is None else _number(v),
     )
 
 
