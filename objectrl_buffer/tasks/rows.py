@@ -43,6 +43,7 @@ _NUMBER = frozenset({int, float})
 _STR = frozenset({str})
 _META_NAMES = ("task_id", "task_name", "agent_id", "pre_agent", "step", "execute_time")
 _DATA_NAMES = ("state", "actions", "messages", "reward_t", "adv_t", "v_t")
+_DATA_WHERE = tuple(f"exp_data.{n}" for n in _DATA_NAMES)
 _META_FIELDS, _DATA_FIELDS = operator.attrgetter(*_META_NAMES), operator.attrgetter(*_DATA_NAMES)
 _TENSOR, _DICT = "$tensor", "$dict"  # markers in the encoded JSON; a user dict holding one is wrapped in $dict
 
@@ -240,21 +241,12 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
     data = getattr(row, "exp_data", None)
     # payload fields: JSON-native scalars as they are, containers by the plain_copy walk, the rest json_form
     try:
-        state, actions, messages, reward, adv, v = _DATA_FIELDS(data)
+        fields = _DATA_FIELDS(data)
     except AttributeError:
-        state, actions, messages, reward, adv, v = (getattr(data, n, None) for n in _DATA_NAMES)
-    if type(state) not in _PLAIN:
-        state = _form(state, "exp_data.state")
-    if type(actions) not in _PLAIN:
-        actions = _form(actions, "exp_data.actions")
-    if type(messages) not in _PLAIN:
-        messages = _form(messages, "exp_data.messages")
-    if type(reward) not in _PLAIN:
-        reward = _form(reward, "exp_data.reward_t")
-    if type(adv) not in _PLAIN:
-        adv = _form(adv, "exp_data.adv_t")
-    if type(v) not in _PLAIN:
-        v = _form(v, "exp_data.v_t")
+        fields = tuple(getattr(data, n, None) for n in _DATA_NAMES)
+    state, actions, messages, reward, adv, v = (
+        x if type(x) in _PLAIN else _form(x, where) for x, where in zip(fields, _DATA_WHERE, strict=True)
+    )
     row_id = getattr(row, "id", None)
     row_id = str(uuid.uuid4()) if row_id is None else row_id
     if type(row_id) is not str and not isinstance(row_id, str):
