@@ -2,7 +2,7 @@
 sample_task, and 4 writer processes. Prints a markdown table; ratios are upstream time / our time per row or
 per call (higher is better for us).
 
-    .venv/bin/python benchmarks/tasks_bench.py [--rows 100000] [--big 1000000] [--cache-dir DIR]
+    .venv/bin/python benchmarks/tasks_bench.py [--rows 100000] [--big 1000000] [--only store] [--cache-dir DIR]
 
 Upstream's stores are quadratic (``InMemoryStorage.add`` calls ``size()``, which lists every row; the
 multi-process ``add`` unpickles every task), so they are timed on fewer rows and compared per row; its
@@ -58,6 +58,9 @@ def rows_of(mod: Any, n: int, first: int = 0, steps: int = 10, writer: int = 0) 
     return out
 
 
+WORKLOADS = ("store", "query", "sample_task", "writers")
+
+
 class Ours:
     DataRow, ExpMeta, Experience = DataRow, ExpMeta, Experience
 
@@ -103,21 +106,24 @@ def main() -> None:
     parser.add_argument("--upstream-writer-rows", type=int, default=100, help="rows per upstream writer process")
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (upstream is single-threaded Python)")
+    parser.add_argument("--only", choices=WORKLOADS, action="append", help="run only these workloads (repeatable)")
+    parser.add_argument("--repeat", type=int, default=1, help="store: best of this many runs (ours and upstream)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     mods = load(args.cache_dir)
     base = mods["base"]
     table: list[tuple[str, str, float, float]] = []  # workload, unit, ours, upstream
-
-    # store: batches of 1000
+    run = set(args.only or WORKLOADS)
     rows = rows_of(Ours, args.rows)
-    ours = best(lambda: _store(rows, args.rows), 1)
-    up_rows = rows_of(base, args.upstream_store_rows)
-    up = best(lambda: _store_upstream(base, up_rows), 1)
-    table.append((f"store {args.rows} rows, batches of 1000", "µs/row", ours / args.rows, up / len(up_rows)))
+
+    if "store" in run:  # batches of 1000
+        ours = best(lambda: _store(rows, args.rows), args.repeat)
+        up_rows = rows_of(base, args.upstream_store_rows)
+        up = best(lambda: _store_upstream(base, up_rows), args.repeat)
+        table.append((f"store {args.rows} rows, batches of 1000", "µs/row", ours / args.rows, up / len(up_rows)))
 
     # queries over the same rows
-    for n in [args.rows] + ([args.big] if args.big else []):
+    for n in ([args.rows] + ([args.big] if args.big else [])) if "query" in run else []:
         storage = InMemoryStorage(n)
         big_rows = rows if n == args.rows else rows_of(Ours, n)
         for i in range(0, n, 10_000):
@@ -133,18 +139,28 @@ def main() -> None:
                 u = best(functools.partial(getattr(up_storage, call), q), 1)
                 table.append((f"{call}({name} query) at {n} rows", "ms/call", o * 1e3, u * 1e3))
 
-    # sample_task(32) over 10k tasks (100k rows)
-    rb = TaskReplayBuffer(InMemoryStorage(args.rows), seed=0)
+    if "sample_task" in run:
+        table.append(_sample_task(base, rows, args.rows))
+    if "writers" in run:
+        table.append(_writers(mods, args))
+    _print(table)
+
+
+def _sample_task(base: Any, rows: list[Any], n: int) -> tuple[str, str, float, float]:
+    """sample_task(32) over n // 10 tasks (n rows)."""
+    rb = TaskReplayBuffer(InMemoryStorage(n), seed=0)
     rb.store_batch(rows)
-    up_rb = base.ReplayBuffer(base.InMemoryStorage(args.rows))
+    up_rb = base.ReplayBuffer(base.InMemoryStorage(n))
     up_rb._storage._data = {}
-    for r in rows_of(base, args.rows):
+    for r in rows_of(base, n):
         up_rb._storage._data.setdefault(r.exp_meta.task_id, []).append(r)
     o = best(lambda: rb.sample_task(batch_size=32))
     u = best(lambda: up_rb.sample_task(sampler=base.RandomTaskSample(), batch_size=32), 1)
-    table.append((f"sample_task(32) over {args.rows // 10} tasks", "ms/call", o * 1e3, u * 1e3))
+    return (f"sample_task(32) over {n // 10} tasks", "ms/call", o * 1e3, u * 1e3)
 
-    # 4 writer processes
+
+def _writers(mods: dict[str, Any], args: argparse.Namespace) -> tuple[str, str, float, float]:
+    """4 writer processes, args.rows // 4 rows each (upstream: args.upstream_writer_rows each)."""
     per = args.rows // 4
     with tempfile.TemporaryDirectory() as folder:
         shared = SharedTaskStorage(max_capacity=args.rows, path=folder)
@@ -158,15 +174,15 @@ def main() -> None:
     for task_id in list(up_shared._data.keys()):
         up_shared._delete_from_shared_memory(task_id)
     manager.shutdown()
-    table.append(
-        (
-            f"4 writer processes, {per} rows each",
-            "µs/row",
-            o / (4 * per) * 1e6,
-            u / (4 * args.upstream_writer_rows) * 1e6,
-        )
+    return (
+        f"4 writer processes, {per} rows each",
+        "µs/row",
+        o / (4 * per) * 1e6,
+        u / (4 * args.upstream_writer_rows) * 1e6,
     )
 
+
+def _print(table: list[tuple[str, str, float, float]]) -> None:
     print("| workload | unit | objectrl_buffer.tasks | AWorld 0.2.6 | speed-up |\n|---|---|---|---|---|")
     for label, unit, ours_t, up_t in table:
         scale = 1e6 if unit == "µs/row" and ours_t < 1e-3 else 1.0

@@ -31,11 +31,39 @@ class GroupCounts:
 class StorePlan:
     """What a store does: ``evicted`` groups held before it lose all their rows (oldest first); ``keep[i]``
     says whether incoming row ``i`` is still held at the end (False when its group was evicted later in the
-    same batch); ``after`` is the bookkeeping once applied."""
+    same batch); :attr:`after` is the bookkeeping once applied (:meth:`apply` gives the same without a copy)."""
 
     evicted: list[Hashable]
     keep: list[bool]
-    after: GroupCounts
+    _after: GroupCounts | None = field(default=None, repr=False)
+    _base: GroupCounts | None = field(default=None, repr=False)  # when nothing is evicted: the counts planned on
+    _added: dict[Hashable, int] = field(default_factory=dict, repr=False)  # ... and the rows added per group
+    _applied: bool = field(default=False, repr=False)
+
+    @property
+    def after(self) -> GroupCounts:
+        """The bookkeeping once applied (a new object; the counts planned on are unchanged)."""
+        if self._after is None:
+            assert self._base is not None and not self._applied
+            self._after = _add(self._base.copy(), self._added)
+        return self._after
+
+    def apply(self) -> GroupCounts:
+        """:attr:`after`, made by updating the counts planned on in place when nothing is evicted (no copy of
+        every group per store). For a caller about to replace those counts with the result; call it once."""
+        if self._after is not None:
+            return self._after
+        assert self._base is not None and not self._applied
+        self._applied = True
+        return _add(self._base, self._added)
+
+
+def _add(counts: GroupCounts, added: dict[Hashable, int]) -> GroupCounts:
+    rows = counts.rows
+    for group, n in added.items():  # first-seen order: new groups join the FIFO as if stored one by one
+        rows[group] = rows.get(group, 0) + n
+        counts.total += n
+    return counts
 
 
 def plan_store(
@@ -47,6 +75,11 @@ def plan_store(
     Raises :class:`InvalidArgumentError` (nothing planned, nothing changed) when a single group would need
     more than ``capacity`` rows.
     """
+    if counts.total + len(groups) <= capacity:  # everything fits: nothing evicted, no group can overflow
+        added: dict[Hashable, int] = {}
+        for group in groups:
+            added[group] = added.get(group, 0) + 1
+        return StorePlan([], [True] * len(groups), _base=counts, _added=added)
     after = counts.copy()
     held_before = set(counts.rows)
     evicted: list[Hashable] = []

@@ -6,7 +6,7 @@ life of the vocabulary even after the rows that used it are gone. ``None`` is co
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -44,6 +44,15 @@ class Vocab:
             found = self._codes[s] = len(self._strings)
             self._strings.append(s)
         return found
+
+    def codes(self, strings: Sequence[str | None]) -> list[int]:
+        """``[self.code(s) for s in strings]``, each distinct string looked up once (a batch of rows repeats
+        few strings, so this is one dict lookup per entry instead of a method call)."""
+        known: dict[str | None, int] = {None: NULL}
+        for s in dict.fromkeys(strings):
+            if s is not None:
+                known[s] = self.code(s)
+        return [known[s] for s in strings]
 
     def find(self, s: object) -> int | None:
         """The code of ``s`` without adding it; ``None`` for a string never seen (or a non-string)."""

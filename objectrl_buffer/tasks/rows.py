@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import numbers
+import operator
 import struct
 import uuid
 from dataclasses import InitVar, dataclass, field
@@ -38,6 +39,12 @@ NUMERIC = ("step", "execute_time", "reward_t", "adv_t", "v_t")
 _DATA_NUMERIC = ("reward_t", "adv_t", "v_t")
 _MAX_DEPTH = 64
 _PLAIN = frozenset({str, int, float, bool, type(None)})
+_NUMBER = frozenset({int, float})
+_STR = frozenset({str})
+_META_NAMES = ("task_id", "task_name", "agent_id", "pre_agent", "step", "execute_time")
+_DATA_NAMES = ("state", "actions", "messages", "reward_t", "adv_t", "v_t")
+_DATA_WHERE = tuple(f"exp_data.{n}" for n in _DATA_NAMES)
+_META_FIELDS, _DATA_FIELDS = operator.attrgetter(*_META_NAMES), operator.attrgetter(*_DATA_NAMES)
 _TENSOR, _DICT = "$tensor", "$dict"  # markers in the encoded JSON; a user dict holding one is wrapped in $dict
 
 
@@ -163,6 +170,44 @@ def _meta_number(value: Any, name: str) -> Any:
     raise TypeError(f"exp_meta.{name} must be a real number or None, got {type(value).__name__}")
 
 
+class NotPlain(Exception):
+    """Raised by :func:`plain_copy` for a value that is not JSON-native (the general path takes it)."""
+
+
+def plain_copy(value: Any, depth: int = 0) -> Any:
+    """A structural copy of a JSON-native ``value`` (exact ``str/int/float/bool/None`` leaves in exact ``list``s
+    and ``dict``s with ``str`` keys): what :func:`json_form` returns for it, without its per-node error paths.
+
+    Raises :class:`NotPlain` for anything else (subclasses, tuples, tensors, other keys, nesting past
+    ``_MAX_DEPTH``) so the caller redoes the whole value with :func:`json_form`."""
+    kind = type(value)
+    if kind is dict:
+        if depth >= _MAX_DEPTH or not _STR.issuperset(map(type, value)):
+            raise NotPlain
+        if _PLAIN.issuperset(map(type, value.values())):  # flat: the type check and the copy run in C
+            return value.copy()
+        return {k: v if type(v) in _PLAIN else plain_copy(v, depth + 1) for k, v in value.items()}
+    if kind is list:
+        if depth >= _MAX_DEPTH:
+            raise NotPlain
+        if _PLAIN.issuperset(map(type, value)):
+            return value.copy()
+        return [v if type(v) in _PLAIN else plain_copy(v, depth + 1) for v in value]
+    if kind in _PLAIN:
+        return value
+    raise NotPlain
+
+
+def _form(value: Any, where: str) -> Any:
+    """:func:`json_form` of ``value``, by the cheap :func:`plain_copy` walk when the payload is JSON-native."""
+    if type(value) in _PLAIN:
+        return value
+    try:
+        return plain_copy(value)
+    except NotPlain:
+        return json_form(value, where)
+
+
 def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
     """Check ``row`` and return (the row as stored, its column values ``META_STRINGS + NUMERIC`` as
     ``(str|None)*4 + (float)*5``, NaN for a missing number). Never changes ``row``.
@@ -176,23 +221,59 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
     meta = getattr(row, "exp_meta", None)
     if not meta:
         raise ValueError("exp_meta is required")
-    strings = [_meta_string(getattr(meta, n, None), n, n == "task_id") for n in META_STRINGS]
-    step = _meta_number(getattr(meta, "step", None), "step")
-    when = _meta_number(getattr(meta, "execute_time", None), "execute_time")
+    try:  # one C call for all six fields; a missing one reads as None, as getattr(meta, name, None) would
+        task_id, name, agent, pre, step, when = _META_FIELDS(meta)
+    except AttributeError:
+        task_id, name, agent, pre, step, when = (getattr(meta, n, None) for n in _META_NAMES)
+    # exact types first (one check each), the general checks and their errors otherwise
+    if type(task_id) is not str:
+        task_id = _meta_string(task_id, "task_id", True)
+    if type(name) is not str:
+        name = _meta_string(name, "task_name", False)
+    if type(agent) is not str:
+        agent = _meta_string(agent, "agent_id", False)
+    if pre is not None and type(pre) is not str:
+        pre = _meta_string(pre, "pre_agent", False)
+    if type(step) not in _NUMBER:
+        step = _meta_number(step, "step")
+    if type(when) not in _NUMBER:
+        when = _meta_number(when, "execute_time")
     data = getattr(row, "exp_data", None)
-    payload = {n: json_form(getattr(data, n, None), f"exp_data.{n}") for n in ("state", "actions", "messages")}
-    rewards = {n: json_form(getattr(data, n, None), f"exp_data.{n}") for n in _DATA_NUMERIC}
+    # payload fields: JSON-native scalars as they are, containers by the plain_copy walk, the rest json_form
+    try:
+        fields = _DATA_FIELDS(data)
+    except AttributeError:
+        fields = tuple(getattr(data, n, None) for n in _DATA_NAMES)
+    state, actions, messages, reward, adv, v = (
+        x if type(x) in _PLAIN else _form(x, where) for x, where in zip(fields, _DATA_WHERE, strict=True)
+    )
     row_id = getattr(row, "id", None)
     row_id = str(uuid.uuid4()) if row_id is None else row_id
-    if not isinstance(row_id, str):
+    if type(row_id) is not str and not isinstance(row_id, str):
         raise TypeError(f"DataRow.id must be a str, got {type(row_id).__name__}")
     stored = DataRow(
-        ExpMeta(strings[0], strings[1], strings[2], step, when, strings[3]),  # type: ignore[arg-type]
-        Experience(payload["state"], payload["actions"], **rewards, messages=payload["messages"]),
+        ExpMeta(task_id, name, agent, step, when, pre),
+        Experience(state, actions, reward, adv, v, messages),
         row_id,
     )
-    numbers_ = [step, when] + [_scalar(rewards[n]) for n in _DATA_NUMERIC]
-    return stored, (*strings, *(math.nan if v is None else float(v) for v in numbers_))
+    nan = math.nan
+    return stored, (
+        task_id,
+        name,
+        agent,
+        pre,
+        nan if step is None else float(step),
+        nan if when is None else float(when),
+        reward if type(reward) is float else nan if reward is None else _number(reward),
+        adv if type(adv) is float else nan if adv is None else _number(adv),
+        v if type(v) is float else nan if v is None else _number(v),
+    )
+
+
+def _number(value: Any) -> float:
+    """The column value of a reward field: its float when a real scalar, else NaN."""
+    found = _scalar(value)
+    return math.nan if found is None else found
 
 
 # ---- bytes: u32 length of the JSON header, the JSON, then the raw bytes of each tensor in order ----

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
+from objectrl_buffer.core.gc_pause import gc_paused
 from objectrl_buffer.core.group_fifo import GroupCounts, plan_store
 from objectrl_buffer.core.vocab import Vocab
 
@@ -60,27 +61,34 @@ class TaskTable:
 
         All or nothing: a bad row, or a task that alone would exceed ``capacity``, raises and stores nothing.
         """
-        stored, values = self.prepare(rows)
-        plan = plan_store(self.counts, [r.exp_meta.task_id for r in stored], capacity)
+        with gc_paused():  # the new rows all survive: collections during the batch would only re-walk them
+            stored, values = self.prepare(rows)
+        plan = plan_store(self.counts, [v[0] for v in values], capacity)
         self.remove_tasks([str(t) for t in plan.evicted])
-        self.append(
-            [r for r, k in zip(stored, plan.keep, strict=False) if k],
-            [v for v, k in zip(values, plan.keep, strict=False) if k],
-        )
-        self.counts = plan.after
+        if all(plan.keep):
+            self.append(stored, values)
+        else:
+            self.append(
+                [r for r, k in zip(stored, plan.keep, strict=False) if k],
+                [v for v, k in zip(values, plan.keep, strict=False) if k],
+            )
+        self.counts = plan.apply()
 
     def append(self, rows: list[DataRow], values: list[tuple[object, ...]]) -> None:
         """Append normalised rows (no capacity check; ``counts`` updated by the caller when it plans)."""
         if not rows:
             return
         width = len(META_STRINGS)
-        code_lists = [[self.vocabs[name].code(v[j]) for j, name in enumerate(META_STRINGS)] for v in values]  # type: ignore[arg-type]
-        codes = torch.tensor(code_lists, dtype=torch.int64).reshape(-1, width)
-        numbers = torch.tensor([v[width:] for v in values], dtype=torch.float64).reshape(-1, len(NUMERIC))
+        columns = list(zip(*values, strict=True))  # field-major, like the tensors: one list per column
+        codes = torch.tensor(
+            [self.vocabs[name].codes(columns[j]) for j, name in enumerate(META_STRINGS)],
+            dtype=torch.int64,
+        )
+        numbers = torch.tensor(columns[width:], dtype=torch.float64)
         self._grow(self.n + len(rows))
         start = self.n
-        self._codes[:, start : start + len(rows)] = codes.T
-        self._numbers[:, start : start + len(rows)] = numbers.T
+        self._codes[:, start : start + len(rows)] = codes
+        self._numbers[:, start : start + len(rows)] = numbers
         self.rows.extend(rows)
 
     def note_appended(self, task_ids: list[str]) -> None:

@@ -39,3 +39,15 @@ def test_a_group_over_capacity_raises_and_changes_nothing() -> None:
     with pytest.raises(InvalidArgumentError, match="task 'a' would hold 4 rows"):
         plan_store(counts, ["a", "a"], 3)
     assert counts == before
+
+
+def test_a_store_that_fits_plans_without_copying_and_applies_in_place() -> None:
+    counts = plan_store(GroupCounts(), ["a", "b", "a"], 10).after
+    plan = plan_store(counts, ["c", "a", "c", "d"], 10)
+    assert plan.evicted == [] and plan.keep == [True] * 4
+    after = plan.after  # a new object: the counts planned on are unchanged
+    assert list(after.rows.items()) == [("a", 3), ("b", 1), ("c", 2), ("d", 1)] and after.total == 7
+    assert list(counts.rows.items()) == [("a", 2), ("b", 1)] and counts.total == 3
+    again = plan_store(counts, ["c", "a", "c", "d"], 10)
+    applied = again.apply()  # the same bookkeeping, made in place
+    assert applied is counts and applied == after

@@ -29,3 +29,10 @@ def test_member_mask_equals_isin() -> None:
     assert v.member_mask(column, [2, -1]).tolist() == [False, True, True, False, True, True]
     assert v.member_mask(column, []).tolist() == [False] * 6
     assert v.member_mask(column, [0, 1]).tolist() == torch.isin(column, torch.tensor([0, 1])).tolist()
+
+
+def test_batch_codes_equal_one_by_one() -> None:
+    one, batch = Vocab(["x"]), Vocab(["x"])
+    strings = ["b", None, "a", "b", "x", None, "c", "a"]
+    assert batch.codes(strings) == [one.code(s) for s in strings]
+    assert batch.strings == one.strings and batch.codes([]) == []

@@ -242,7 +242,7 @@ class SharedTaskStorage(TableStorage):
             entries = [(_EVICT, int(key), b"") for key in plan.evicted]  # type: ignore[call-overload]
             entries += [(_ROW, k, p) for k, p, keep in zip(keys, encoded, plan.keep, strict=False) if keep]
             self._append(entries)
-            self._w_counts = plan.after
+            self._w_counts = plan.apply()
 
     def clear(self) -> None:
         self.replace_table(TaskTable())
