@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -31,14 +30,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import RandomSampler, RoundRobinWriter, TensorDictReplayBuffer
 
-from objectrl_buffer.checkpoint.data import BufferState
-from objectrl_buffer.checkpoint.extras import ExtraState, collect, own
-from objectrl_buffer.checkpoint.generations import Restored
 from objectrl_buffer.core.envs import check_env_step, flatten_steps
 from objectrl_buffer.core.keys import INDEX_KEY
 from objectrl_buffer.core.ring import Ring
-from objectrl_buffer.core.schema import Key, Schema, require_mapping
-from objectrl_buffer.errors import ConcurrentUseError, EmptyBufferError, InvalidArgumentError, SlotIndexError
+from objectrl_buffer.core.schema import Key, Schema, format_key, require_mapping
+from objectrl_buffer.core.validate import slot_indices
+from objectrl_buffer.errors import ConcurrentUseError, EmptyBufferError, InvalidArgumentError
 from objectrl_buffer.sampling.nstep import n_step_targets
 from objectrl_buffer.sampling.slices import TransitionKeys
 from objectrl_buffer.storage import torchrl_compat
@@ -103,6 +100,22 @@ class Engine:
     def schema(self) -> Schema | None:
         """Stored keys with per-row shapes and dtypes; ``None`` until the first write."""
         return self.storage.schema
+
+    def describe(self) -> str:
+        """The fill level, the write head, storing -> training device and the stored keys, for ``repr``."""
+        ring = self.ring
+        rows = f"{ring.size}/{ring.capacity} rows" + (f" ({ring.phantom} hold no data)" if ring.phantom else "")
+        envs = f", num_envs={self.num_envs}" if self.num_envs > 1 else ""
+        schema = self.schema
+        if self.storage.closed:
+            keys = "closed"
+        elif schema is None:
+            keys = "empty"
+        else:
+            dtype = lambda f: str(f.dtype).removeprefix("torch.")  # noqa: E731
+            shown = (f"{format_key(f.key)!r}: {dtype(f)} {tuple(f.shape)}" for f in schema.fields)
+            keys = f"keys=[{', '.join(shown)}]"
+        return f"{rows}, pointer={ring.pointer}{envs}, {self.storing_device}->{self.device}, {keys}"
 
     # ------------------------------------------------------------------ writes
     def add(self, transition: Transition) -> None:
@@ -355,43 +368,9 @@ class Engine:
         return self._stable(read, slots, window)
 
     def slots(self, indices: Slots, name: str = "indices") -> torch.Tensor:
-        """``indices`` as a validated 1-D int64 slot tensor on the storing device.
-
-        Raises:
-            InvalidArgumentError: not integers (floats, bools and complex numbers are refused: a cast
-                would read ``0.9`` as slot 0 and ``True`` as slot 1).
-            SlotIndexError: a slot outside ``[0, len)``, or one counted but holding no data (after a
-                metadata-only load).
-        """
-        if isinstance(indices, torch.Tensor):
-            if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
-                raise InvalidArgumentError(f"{name} must be integers, got a tensor of dtype {indices.dtype}")
-            slots = indices.to(device=self.storing_device, dtype=torch.int64)
-        else:
-            try:
-                # No dtype= here: it would truncate 0.9 to slot 0 and read True as slot 1.
-                values = torch.as_tensor(indices if isinstance(indices, (Sequence, int, float)) else list(indices))
-            except (TypeError, ValueError, RuntimeError) as exc:
-                raise InvalidArgumentError(f"{name} must be ints, a range, a list or a tensor of ints: {exc}") from None
-            if values.numel() and (values.is_floating_point() or values.is_complex() or values.dtype == torch.bool):
-                raise InvalidArgumentError(f"{name} must be integers, got {indices!r}")
-            slots = values.to(device=self.storing_device, dtype=torch.int64)
-        slots = slots.reshape(-1)
-        ring = self.ring
-        if slots.numel():
-            low, high = int(slots.min()), int(slots.max())
-            if low < 0 or high >= ring.size:
-                bad = low if low < 0 else high
-                raise SlotIndexError(f"index {bad} is out of range for a buffer of {ring.size} rows")
-            if ring.phantom:
-                phantom = ring.phantom_mask(slots)
-                if bool(phantom.any()):
-                    bad = int(slots[phantom][0])
-                    raise SlotIndexError(
-                        f"index {bad} is a slot that holds no data: the buffer counts {ring.size} rows, "
-                        f"but only the newest {ring.held} were written since load() restored counters only"
-                    )
-        return slots
+        """``indices`` as a validated 1-D int64 slot tensor on the storing device (see
+        :func:`~objectrl_buffer.core.validate.slot_indices` for what is refused)."""
+        return slot_indices(indices, self.ring, self.storing_device, name)
 
     def torchrl_view(self) -> TensorDictReplayBuffer:
         """A torchrl ``TensorDictReplayBuffer`` over the same storage (for reading), its length and write
@@ -404,59 +383,6 @@ class Engine:
         length = self.ring.size if self.storage.initialized else 0
         torchrl_compat.sync_view(self.storage.torchrl, self._view.writer, length, self.ring.pointer)
         return self._view
-
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_state(self, generator: torch.Generator, shuffle: bool, extras: Sequence[ExtraState]) -> BufferState:
-        """References to everything a checkpoint holds (nothing copied), ``extras`` included."""
-        ring = self.ring
-        arrays, values = collect(extras)
-        return BufferState(
-            buffer_size=ring.capacity,
-            data_size=ring.size,
-            pointer=ring.pointer,
-            schema=self.schema,
-            columns=self.storage.columns,
-            generator=generator,
-            shuffle=shuffle,
-            device=self.device,
-            storing_device=self.storing_device,
-            storage_dir=self.storage_dir,
-            extra_arrays=arrays,
-            extra_values=values,
-            phantom=ring.phantom,
-            num_envs=self.num_envs,
-        )
-
-    def restore(self, restored: Restored, extras: Sequence[ExtraState]) -> None:
-        """Adopt a checkpoint that every extra has checked (:func:`check_extras`): the rows (or, metadata
-        only, ObjectRL's counters over the rows this engine holds: the others become phantom rows, with a
-        ``RuntimeWarning``), then each extra's state."""
-        if restored.storage is None:
-            if restored.buffer_size != self.ring.capacity:
-                self.clear(restored.buffer_size)
-            held = self.ring.held_under(restored.pointer, restored.data_size) if self.storage.initialized else 0
-            phantom = restored.data_size - held
-            if phantom:
-                warnings.warn(
-                    f"'{restored.source}' is a metadata-only checkpoint: {phantom} rows are counted "
-                    f"(len() == {restored.data_size}) but hold no data, and will not be sampled; rows "
-                    "written from now on replace them as the ring wraps",
-                    RuntimeWarning,
-                    stacklevel=5,
-                )
-        else:
-            phantom = restored.phantom
-        self.adopt(restored.storage, Ring(restored.buffer_size, restored.data_size, restored.pointer, phantom))
-        self.num_envs = restored.num_envs
-        for extra in extras:
-            extra.restore(own(extra.name, restored.extra_arrays), own(extra.name, restored.extra_values))
-
-    @staticmethod
-    def check_extras(restored: Restored, extras: Sequence[ExtraState]) -> None:
-        """Let each extra refuse its saved state (``CheckpointError``) before anything changes."""
-        for extra in extras:
-            arrays, values = own(extra.name, restored.extra_arrays), own(extra.name, restored.extra_values)
-            extra.check(arrays, values, restored.data_size, restored.source)
 
     # ------------------------------------------------------------------ copies
     def __getstate__(self) -> dict[str, Any]:

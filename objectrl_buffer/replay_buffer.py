@@ -18,26 +18,15 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import TensorDictReplayBuffer
 
-from objectrl_buffer.checkpoint.data import BufferState
-from objectrl_buffer.checkpoint.extras import ExtraState, saved_kwargs
-from objectrl_buffer.checkpoint.generations import (
-    Restored,
-    load_checkpoint,
-    restore_devices,
-    save_checkpoint,
-)
-from objectrl_buffer.checkpoint.state_dict import make_state_dict, restore_state_dict
+from objectrl_buffer import persistence, reads
+from objectrl_buffer.checkpoint.extras import ExtraState
 from objectrl_buffer.core import validate
-from objectrl_buffer.core.envs import whole_steps
-from objectrl_buffer.core.keys import INDEX_KEY
-from objectrl_buffer.core.schema import Key, as_keys, format_key
+from objectrl_buffer.core.schema import Key
 from objectrl_buffer.core.seeding import derived_seed
-from objectrl_buffer.core.validate import env_multiple, integer, positive_int
+from objectrl_buffer.core.validate import env_multiple, positive_int
 from objectrl_buffer.engine import Engine, Slots, Transition
-from objectrl_buffer.errors import InvalidArgumentError
-from objectrl_buffer.sampling.nstep import check_n_step
-from objectrl_buffer.sampling.slices import StoredRows, TransitionKeys, pad_slices, require_keys, slice_positions
-from objectrl_buffer.sampling.uniform import epochs, num_batches, recent_slots, uniform_slots
+from objectrl_buffer.sampling.slices import TransitionKeys
+from objectrl_buffer.sampling.uniform import num_batches, uniform_slots
 
 __all__ = ["ReplayBuffer"]
 
@@ -74,17 +63,12 @@ class ReplayBuffer:
     Samples are new ``TensorDict`` s on ``device`` with the stored keys and ``"index"`` (each row's
     slot). ``pickle``/``copy.deepcopy``/``torch.save`` give a full, independent buffer (no epoch iterator).
 
-    Threads: one thread may ``add``/``add_batch`` while others sample (``sample_batch`` with or without
-    ``n_step``/``recent``, ``sample_by_index(_fields)``, ``sample_all``, epoch iterators, ``sample_slices``):
-    a sample never holds a half-written row (:meth:`Engine.read <objectrl_buffer.engine.Engine.read>`).
-    Other concurrent use (two writers, ``reset``/``load``/``close`` during a sample) needs a lock.
+    Threads: one writer thread and any number of sampler threads are safe (a sample never holds a
+    half-written row); any other concurrent use needs a lock (README, "Bad arguments and threads").
 
     Raises:
-        InvalidArgumentError: naming the argument: a device torch does not know (``"gpu"``: did you mean
-            ``"cuda"``?), ``"meta"``, or one not available here (``"cuda"`` without CUDA); a number for a
-            device (Stable-Baselines3's argument order); a size that is not a positive int (at most
-            ``2**62``); a ``seed`` that is not an int a ``torch.Generator`` takes; a ``storage_dir`` that
-            is not a str/PathLike, is empty, or is (or lies below) a file, or where no folder can be made.
+        InvalidArgumentError: naming the argument: an unknown or unavailable device (``"gpu"``: did you
+            mean ``"cuda"``?), a size that is not a positive int, a bad ``seed`` or ``storage_dir``.
     """
 
     #: Types of :attr:`checkpoint_extras` whose saved values give :meth:`from_checkpoint` constructor arguments.
@@ -156,26 +140,8 @@ class ReplayBuffer:
         return self._engine.ring.size
 
     def __repr__(self) -> str:
-        """``ReplayBuffer(1234/100000 rows, pointer=1234, cpu->cuda:0, keys=['state': float32 (17,), ...])``:
-        the fill level, the write head, storing -> training device, and the stored keys."""
-        ring = self._engine.ring
-        rows = f"{ring.size}/{ring.capacity} rows"
-        if ring.phantom:
-            rows += f" ({ring.phantom} hold no data)"
-        envs = f", num_envs={self.num_envs}" if self.num_envs > 1 else ""
-        schema = self.schema
-        if self._engine.storage.closed:
-            keys = "closed"
-        elif schema is None:
-            keys = "empty"
-        else:
-            described = (
-                f"{format_key(f.key)!r}: {str(f.dtype).removeprefix('torch.')} {tuple(f.shape)}" for f in schema.fields
-            )
-            keys = f"keys=[{', '.join(described)}]"
-        return (
-            f"{type(self).__name__}({rows}, pointer={ring.pointer}{envs}, {self.storing_device}->{self.device}, {keys})"
-        )
+        """``ReplayBuffer(1234/100000 rows, pointer=1234, cpu->cuda:0, keys=['state': float32 (17,), ...])``."""
+        return f"{type(self).__name__}({self._engine.describe()})"
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self, buffer_size: int | None = None) -> None:
@@ -200,18 +166,10 @@ class ReplayBuffer:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("add", "epoch_iterator", "generator")}
-        state["generator"] = (self.generator.device, self.generator.get_state())
-        return state
+        return persistence.copy_state(self)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        device, generator_state = state.pop("generator")
-        # Tensor attributes are cloned: multiprocessing's pickler would hand them over in shared memory.
-        self.__dict__.update({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
-        self.epoch_iterator = None
-        self.generator = torch.Generator(device=device)
-        self.generator.set_state(generator_state)
-        self._bind()
+        persistence.from_copy_state(self, state)
 
     # ------------------------------------------------------------------ writes
     def add(self, transition: Transition) -> None:
@@ -241,34 +199,19 @@ class ReplayBuffer:
     def sample_batch(
         self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
     ) -> TensorDict:
-        """``batch_size`` rows drawn uniformly with replacement, with ``"index"``.
-
-        Args:
-            n_step: when given (1 included): ``reward`` becomes the discounted sum of up to ``n`` rewards,
-                stopping at an episode end or the newest row; ``next_state``/``terminated``/``truncated``
-                come from the row it stopped at; ``discount`` is ``gamma ** steps`` (float32)
-                (:mod:`~objectrl_buffer.sampling.nstep`).
-            gamma: the n-step discount in ``[0, 1]``.
-            recent: draw only from the newest ``recent`` rows (rounded up to whole env steps).
+        """``batch_size`` rows drawn uniformly with replacement, with ``"index"``. ``n_step`` (1 included):
+        n-step returns stopping at an episode end or the newest row, plus ``discount = gamma ** steps``
+        (:mod:`~objectrl_buffer.sampling.nstep`); ``recent``: only the newest rows (whole env steps).
 
         Raises:
-            EmptyBufferError: no rows. InvalidArgumentError: a bad argument. SchemaError: n-step needs
-                a key that is not stored.
+            EmptyBufferError: no rows. InvalidArgumentError: a bad argument. SchemaError: a missing n-step key.
         """
         k = positive_int(batch_size, "batch_size")
         engine = self._engine
         if n_step is None and recent is None and not engine.ring.phantom:  # the per-gradient-step path
             engine.require_rows()
             return engine.read(uniform_slots(engine.ring.size, k, self.generator))
-        n, g = (None, 0.0) if n_step is None else check_n_step(n_step, gamma)
-        window = self._window(recent)
-        engine.require_rows()
-        ring = engine.ring
-        if window is None and not ring.phantom:
-            slots = uniform_slots(ring.size, k, self.generator)
-        else:  # the newest rows: a window, or those that hold data
-            slots = recent_slots(ring, window or ring.held, k, self.generator)
-        return engine.read_transitions(slots, n, g, self.transition_keys)
+        return reads.transitions(self, k, n_step, gamma, recent)
 
     def sample(
         self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
@@ -297,12 +240,7 @@ class ReplayBuffer:
         Raises:
             SchemaError: a field is not stored. SlotIndexError, InvalidArgumentError: as :meth:`sample_by_index`.
         """
-        keys = as_keys(fields, "fields")  # its type first: wrong whatever the buffer holds
-        slots = self._engine.slots(indices)
-        self._engine.require_rows()
-        schema = self._engine.schema
-        assert schema is not None
-        return self._engine.read(slots, schema.stored_keys(keys, "fields"), with_index=False)
+        return reads.fields(self, indices, fields)
 
     def sample_slices(
         self, num_slices: int, slice_len: int, *, done_key: Key | None = None, pad: bool = False
@@ -318,35 +256,12 @@ class ReplayBuffer:
             InvalidArgumentError: bad sizes. EmptyBufferError: no rows, or no slice fits.
             SchemaError: an episode-end key is not stored.
         """
-        k = positive_int(num_slices, "num_slices")
-        length = positive_int(slice_len, "slice_len")
-        steps = self.buffer_size // self.num_envs
-        if length > steps:
-            per_env = "" if self.num_envs == 1 else f" per env, num_envs={self.num_envs}"
-            raise InvalidArgumentError(f"slice_len {length} is larger than the buffer ({steps} rows{per_env})")
-        if done_key is not None:
-            if not isinstance(done_key, (str, tuple)):
-                raise InvalidArgumentError(f"done_key must be a key (str or tuple of str), got {done_key!r}")
-            (done_key,) = as_keys(done_key, "done_key")
-        engine = self._engine
-        engine.require_rows()
-        columns = engine.storage.columns
-        end_keys = self.transition_keys.episode_end if done_key is None else (done_key,)
-        require_keys(columns, end_keys, "sample_slices")
-        rows = StoredRows(columns, end_keys, engine.ring, self.num_envs)
-        positions, mask = slice_positions(rows, k, length, pad, self.generator)
-        batch = engine.read(rows.slots(positions.reshape(-1))).reshape(k, length)
-        return pad_slices(batch, mask.to(self.device), INDEX_KEY) if pad else batch
+        return reads.slices(self, num_slices, slice_len, done_key, pad)
 
     def sample_all(self) -> TensorDict:
         """Every row, oldest to newest (also after the ring wraps), with ``"index"``; ``[T, num_envs]``
         when ``num_envs > 1``. Raises ``EmptyBufferError`` when no row holds data."""
-        self._engine.require_rows()
-        rows = self._engine.read(self._engine.ring.chronological(self.storing_device))
-        return rows if self.num_envs == 1 else rows.reshape(-1, self.num_envs)
-
-    def _window(self, recent: int | None) -> int | None:
-        return None if recent is None else whole_steps(positive_int(recent, "recent"), self.num_envs)
+        return reads.everything(self)
 
     # ------------------------------------------------------------------ epochs and iterations
     def calculate_num_batches(self, batch_size: int) -> int:
@@ -363,23 +278,7 @@ class ReplayBuffer:
         Raises:
             InvalidArgumentError: a bad argument. EmptyBufferError: no rows.
         """
-        bs = positive_int(batch_size, "batch_size")
-        epochs_ = positive_int(n_epochs, "n_epochs")
-        window = self._window(recent)
-        engine = self._engine
-        engine.require_rows()
-        shuffle = self.shuffle if shuffle is None else bool(shuffle)
-        ring = engine.ring
-        rows = None if window is None and not ring.phantom else ring.chronological(self.storing_device, window)
-        size = ring.size if rows is None else rows.numel()
-        generation = engine.generation  # taken now: a generator body runs lazily
-
-        def read(positions: torch.Tensor, span: tuple[int, int] | None) -> TensorDict:
-            # positions are slots themselves, or index a window's slots (which may wrap)
-            return engine.read(positions, span=span) if rows is None else engine.read(rows[positions])
-
-        current = lambda: engine.generation == generation  # noqa: E731
-        self.epoch_iterator = epochs(read, size, bs, epochs_, shuffle, self.generator, current)
+        self.epoch_iterator = reads.epoch_iterator(self, batch_size, n_epochs, shuffle, recent)
         return self.epoch_iterator
 
     def get_steps_and_iterator(
@@ -392,17 +291,10 @@ class ReplayBuffer:
         Raises:
             InvalidArgumentError: a bad argument (and as :meth:`create_epoch_iterator`).
         """
-        n_epochs, max_iter = integer(n_epochs, "n_epochs"), integer(max_iter, "max_iter")
-        positive_int(batch_size, "batch_size")  # also for random sampling, whose batches get_next_batch draws
-        window = self._window(recent)
-        if n_epochs > 0:
-            self.create_epoch_iterator(batch_size, n_epochs, shuffle, recent=window)
-            self._random_recent = window
-            held = self._engine.ring.held
-            return n_epochs * num_batches(held if window is None else min(window, held), batch_size)
-        self.epoch_iterator = None
-        self._random_recent = window
-        return max_iter
+        steps, self.epoch_iterator, self._random_recent = reads.learning_phase(
+            self, n_epochs, max_iter, batch_size, shuffle, recent
+        )
+        return steps
 
     def get_next_batch(self, batch_size: int) -> TensorDict:
         """The next batch of ``epoch_iterator``, or ``sample_batch(batch_size)`` when there is none.
@@ -416,28 +308,18 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike[str], data: bool = False, *, progress: bool | None = None) -> None:
-        """Write ``path.metadata`` (ObjectRL's counters, ``torch.load``-able; a ``path`` ending in ``.metadata``
-        names that file itself); ``data=True`` adds every row,
-        the generator state and :attr:`checkpoint_extras`, crash-safe (:mod:`~objectrl_buffer.checkpoint`).
-
-        Raises:
-            CheckpointError, CheckpointNotFoundError: the destination cannot be written (naming it); the
-                previous checkpoint stays intact.
-        """
-        save_checkpoint(path, self._checkpoint_state(), data=data, progress=progress)
+        """Write ``path.metadata`` (ObjectRL's counters); ``data=True`` adds every row, the generator and
+        :attr:`checkpoint_extras`, crash-safe (:mod:`~objectrl_buffer.checkpoint`). Raises
+        ``CheckpointError`` naming a destination that cannot be written; the previous checkpoint stays."""
+        persistence.save(self, path, data, progress)
 
     def load(self, path: str | os.PathLike[str], *, verify: bool = True, progress: bool | None = None) -> None:
-        """Restore what :meth:`save` wrote (``path`` as given to it, or its ``.metadata`` file's name). A
-        metadata-only checkpoint restores the counters; rows it counts that this buffer does not hold are
-        never returned (a ``RuntimeWarning`` says how many). A full one restores rows, ring, schema,
-        generator, ``shuffle`` and extras; ``verify`` checks every crc32.
-
-        Raises:
-            CheckpointError, CheckpointNotFoundError: missing, damaged, or not fitting a buffer that holds
-                rows (another capacity, schema or ``num_envs``); the buffer is then unchanged.
-        """
-        restored = load_checkpoint(self._checkpoint_state(), path, self._check_extras, verify, progress)
-        self._adopt(restored)
+        """Restore what :meth:`save` wrote (``path`` or its ``.metadata`` file): metadata only, the counters
+        (rows this buffer does not hold are never returned; a ``RuntimeWarning`` says how many); a full
+        checkpoint, rows, ring, schema, generator and extras (``verify``: check every crc32). Raises
+        ``CheckpointError``/``CheckpointNotFoundError``, the buffer unchanged, for a missing, damaged or
+        not fitting checkpoint (a buffer holding rows takes only its own capacity, schema, ``num_envs``)."""
+        persistence.load(self, path, verify, progress)
 
     @classmethod
     def from_checkpoint(
@@ -450,57 +332,17 @@ class ReplayBuffer:
         progress: bool | None = None,
         **kwargs: Any,
     ) -> RB:
-        """A new buffer of the saved capacity holding the checkpoint at ``path``. Devices default to the
-        saved ones (``"cpu"`` where unavailable); ``kwargs`` go to the constructor, saved settings (a full
-        checkpoint's ``num_envs``, an extra's, e.g. PER's ``alpha``) fill in what is not given.
-
-        Raises:
-            CheckpointError, CheckpointNotFoundError: as :meth:`load`.
-        """
-        ckpt, device, storing_device = restore_devices(path, device, storing_device)
-        settings = saved_kwargs(ckpt, kwargs, cls.extra_state_types)
-        buffer = cls(device, storing_device, ckpt.meta["buffer_size"], **settings)
-        try:
-            buffer.load(path, verify=verify, progress=progress)
-        except BaseException:
-            buffer.close()
-            raise
-        if "shuffle" in kwargs:
-            buffer.shuffle = kwargs["shuffle"]
-        return buffer
+        """A new buffer holding the checkpoint at ``path`` (devices: the saved ones where available; saved
+        settings such as ``num_envs`` or PER's ``alpha`` fill in ``kwargs``). Raises as :meth:`load`."""
+        return persistence.from_checkpoint(cls, path, device, storing_device, verify, progress, kwargs)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a full checkpoint holds, as a dict of tensors and plain values (torch's convention):
-        rows, ring (phantom rows included), schema, generator state, ``shuffle``, ``num_envs`` and the
-        state of :attr:`checkpoint_extras` (e.g. PER's priorities). Its tensors are new CPU tensors (a
-        snapshot), so ``torch.save`` it and ``torch.load(f, weights_only=True)`` it back; the layout is
-        documented in :mod:`~objectrl_buffer.checkpoint.state_dict`. For large buffers prefer
-        :meth:`save` with ``data=True``, which streams to disk instead of copying into RAM."""
-        return make_state_dict(self._checkpoint_state())
+        """Everything a full checkpoint holds, as new CPU tensors and plain values (torch's convention,
+        ``torch.load(f, weights_only=True)`` reads it back; layout: :mod:`~objectrl_buffer.checkpoint.state_dict`).
+        For large buffers prefer :meth:`save` with ``data=True``, which streams to disk."""
+        return persistence.state_dict(self)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned, as :meth:`load` restores a full checkpoint (an empty
-        buffer takes any capacity and schema; one holding rows only its own).
-
-        Raises:
-            CheckpointError: ``state_dict`` is not one (naming the entry that is wrong), or does not fit
-                a buffer that holds rows; the buffer is then unchanged.
-        """
-        restored = restore_state_dict(self._checkpoint_state(), state_dict, self._check_extras)
-        self._adopt(restored)
-
-    def _adopt(self, restored: Restored) -> None:
-        self._engine.restore(restored, self.checkpoint_extras)
-        self.epoch_iterator = None
-        if restored.generator_state is not None:
-            self.generator.set_state(restored.generator_state)
-        elif restored.generator_seed is not None:
-            self.generator.manual_seed(restored.generator_seed)
-        if restored.shuffle is not None:
-            self.shuffle = restored.shuffle
-
-    def _checkpoint_state(self) -> BufferState:
-        return self._engine.checkpoint_state(self.generator, self.shuffle, self.checkpoint_extras)
-
-    def _check_extras(self, restored: Restored) -> None:
-        self._engine.check_extras(restored, self.checkpoint_extras)
+        """Restore what :meth:`state_dict` returned, as :meth:`load` restores a full checkpoint. Raises
+        ``CheckpointError`` naming a wrong entry, or for one that does not fit; the buffer is unchanged."""
+        persistence.load_state_dict(self, state_dict)

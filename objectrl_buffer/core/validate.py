@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from objectrl_buffer.errors import InvalidArgumentError
+from objectrl_buffer.core.ring import Ring
+from objectrl_buffer.errors import InvalidArgumentError, SlotIndexError
 
 __all__ = [
+    "slot_indices",
     "positive_int",
     "integer",
     "real_in",
@@ -222,3 +225,44 @@ def _text_path(value: Any, name: str, expected: str) -> str:
     if not text:
         raise InvalidArgumentError(f"{name} must be {expected}, got an empty string")
     return text
+
+
+def slot_indices(indices: Any, ring: Ring, device: torch.device, name: str = "indices") -> torch.Tensor:
+    """``indices`` (an int, a sequence or range of ints, an integer tensor) as a 1-D int64 tensor of slots of
+    ``ring`` on ``device``.
+
+    Raises:
+        InvalidArgumentError: not integers (floats, bools and complex numbers are refused: a cast
+            would read ``0.9`` as slot 0 and ``True`` as slot 1).
+        SlotIndexError: a slot outside ``[0, len)``, or one counted but holding no data (after a
+            metadata-only load).
+    """
+    if isinstance(indices, torch.Tensor):
+        if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+            raise InvalidArgumentError(f"{name} must be integers, got a tensor of dtype {indices.dtype}")
+        slots = indices.to(device=device, dtype=torch.int64)
+    else:
+        try:
+            # No dtype= here: it would truncate 0.9 to slot 0 and read True as slot 1.
+            values = torch.as_tensor(indices if isinstance(indices, (Sequence, int, float)) else list(indices))
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise InvalidArgumentError(f"{name} must be ints, a range, a list or a tensor of ints: {exc}") from None
+        if values.numel() and (values.is_floating_point() or values.is_complex() or values.dtype == torch.bool):
+            raise InvalidArgumentError(f"{name} must be integers, got {indices!r}")
+        slots = values.to(device=device, dtype=torch.int64)
+    slots = slots.reshape(-1)
+    if slots.numel():
+        low, high = int(slots.min()), int(slots.max())
+        if low < 0 or high >= ring.size:
+            bad = low if low < 0 else high
+            raise SlotIndexError(f"index {bad} is out of range for a buffer of {ring.size} rows")
+        if ring.phantom:
+            phantom = ring.phantom_mask(slots)
+            if bool(phantom.any()):
+                bad = int(slots[phantom][0])
+                raise SlotIndexError(
+                    f"index {bad} is a slot that holds no data: the buffer counts {ring.size} rows, "
+                    f"but only the newest {ring.held} were written since load() restored counters only"
+                )
+    return slots
+

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from objectrl_buffer import reads
 from objectrl_buffer.core.keys import WEIGHT_KEY
 from objectrl_buffer.core.validate import buffer_devices, positive_int, real_in
 from objectrl_buffer.engine import Slots, Transition
@@ -254,7 +255,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             InvalidArgumentError: a bad ``batch_size``, ``n_step``, ``gamma`` or ``recent``.
         """
         k = positive_int(batch_size, "batch_size")
-        window = self._window(recent)
+        window = reads.window(self, recent)
         n, g = (None, 0.0) if n_step is None else check_n_step(n_step, gamma)
         engine = self._engine
         engine.require_rows()
