@@ -4,22 +4,7 @@ The first write fixes the schema. Every later write is checked key by key *befor
 written, so a write that does not fit raises :class:`~objectrl_buffer.errors.SchemaError` and stores
 nothing. The check is a handful of attribute comparisons per key: cheap enough for the per-step path.
 
-Cast rule (the same for tensors, NumPy arrays/scalars, lists and Python numbers), as upstream's torchrl
-storage casts silently but must not lose data here:
-
-* dtype: accepted when ``torch.can_cast(source, stored)`` (same kind or wider: never float -> int, not
-  even 1.0, never anything but bool -> bool, never complex -> real) and, from an integer or bool
-  source, every value survives the cast exactly: into an integer column it must lie in the column's
-  range (int64 -> int32 only within int32's, -1 never into uint8), into a float column it must come
-  back equal and finite (int64 -> float32: all of ``|v| <= 2**24``, beyond that only exact values such
-  as ``2**40``). A float into a narrower float rounds to nearest, as NumPy and torch do (a magnitude
-  beyond the column's range becomes +-inf).
-* shape: the per-row shape may differ from the stored one only by dimensions of size 1 (stored ``()``
-  takes ``[1]``, ``[1]`` takes ``()``, ``[3]`` takes ``[1, 3]``; ``[2, 3]`` never takes ``[3, 2]``).
-  ``add_batch`` applies it to the shape after the leading batch dimension.
-* A tensor that needs a cast or reshape warns once per key per buffer (:class:`CastWarning`). NumPy
-  values and Python numbers never carry the column's exact type (float64 observations into float32),
-  so they are cast or reshaped without a warning. Tensors on the meta device (no data) are refused.
+Casts follow :mod:`~objectrl_buffer.core.casts` (lossless casts and size-1 reshapes only).
 
 Every value of a write is checked (and converted) before any of it is written, so a refused value
 never leaves half a row behind.
@@ -36,7 +21,6 @@ their dtype (``np.float32``, ``np.float16``, ``np.int64``); a Python int is int6
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -46,6 +30,18 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from objectrl_buffer.core.casts import (
+    CHECK_VALUES,
+    REFUSED,
+    SAME,
+    UNCHECKED,
+    cast_rule,
+    exact_ints,
+    first_inexact,
+    int_fits,
+    real_part,
+    same_meaning,
+)
 from objectrl_buffer.core.keys import INDEX_KEY
 from objectrl_buffer.errors import CastWarning, InvalidArgumentError, SchemaError
 
@@ -105,79 +101,6 @@ class Field:
     def describe(self) -> str:
         """``shape=(17,), dtype=float32``: the per-row layout as messages show it."""
         return f"shape={tuple(self.shape)}, dtype={str(self.dtype).removeprefix('torch.')}"
-
-
-#: What :func:`cast_rule` says of a (source, stored) dtype pair.
-SAME, UNCHECKED, CHECK_VALUES, REFUSED = 0, 1, 2, 3
-
-
-def _real(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of one component: float32 for complex64, the dtype itself otherwise."""
-    return dtype.to_real() if dtype.is_complex else dtype
-
-
-def exact_ints(dtype: torch.dtype) -> tuple[int, int]:
-    """``(low, high)``: every integer in this range is held exactly by ``dtype`` (a column of numbers)."""
-    if dtype.is_floating_point or dtype.is_complex:
-        bits = 1 - round(math.log2(torch.finfo(_real(dtype)).eps))  # significand bits, implicit one included
-        return -(2**bits), 2**bits
-    if dtype == torch.bool:
-        return 0, 1
-    info = torch.iinfo(dtype)
-    return int(info.min), int(info.max)
-
-
-def cast_rule(source: torch.dtype, stored: torch.dtype) -> int:
-    """How values of dtype ``source`` may go into a column of dtype ``stored`` (see the module docstring).
-
-    ``SAME``; ``UNCHECKED`` (every value casts: a wider type, or float rounding); ``CHECK_VALUES`` (an
-    integer source whose values must each come back exactly); ``REFUSED`` (float -> int, non-bool ->
-    bool, complex -> real).
-    """
-    if source == stored:
-        return SAME
-    if not torch.can_cast(source, stored):
-        return REFUSED
-    if source.is_floating_point or source.is_complex or source == torch.bool:
-        return UNCHECKED
-    low, high = exact_ints(stored)
-    info = torch.iinfo(source)
-    return UNCHECKED if low <= info.min and info.max <= high else CHECK_VALUES
-
-
-def _int_fits(value: int, dtype: torch.dtype) -> bool:
-    """Whether a Python int is held exactly by a column of ``dtype`` (not bool: an int is no bool)."""
-    low, high = exact_ints(dtype)
-    if low <= value <= high:
-        return True
-    if not (dtype.is_floating_point or dtype.is_complex):
-        return False
-    try:  # beyond the contiguous range some ints (2**40 in float32) are still exact
-        cast = torch.tensor(float(value), dtype=torch.float64).to(_real(dtype)).item()
-    except OverflowError:  # beyond float64 (10**400)
-        return False
-    return math.isfinite(cast) and int(cast) == value
-
-
-def _first_inexact(value: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor | None, Any]:
-    """``value`` cast to ``dtype``, or ``None`` and the first element that does not come back exactly."""
-    cast = value.to(dtype)
-    if dtype.is_floating_point or dtype.is_complex:
-        back = cast.real if cast.is_complex() else cast
-        # not finite: int64 -> float16 -> int64 can land back on int64's minimum
-        bad = (back.to(value.dtype) != value) | ~torch.isfinite(back)
-    else:  # a range check: a round trip misses wraparound both ways (int8 -1 -> uint8 255 -> int8 -1)
-        low, high = exact_ints(dtype)
-        wide = value.to(torch.int64)
-        bad = (wide < low) | (wide > high)
-    if bool(bad.any()):
-        return None, value[bad].flatten()[0].item()
-    return cast, None
-
-
-def _same_meaning(shape: torch.Size, stored: torch.Size) -> bool:
-    """Whether a per-row ``shape`` differs from the ``stored`` one only by dimensions of size 1."""
-    return [d for d in shape if d != 1] == [d for d in stored if d != 1]
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -299,7 +222,7 @@ class Schema:
                         f"key '{format_key(key)}' has {shape[0]} rows but an earlier key has {n}: "
                         "every key of a batch needs the same leading dimension"
                     )
-            if rows != field.shape and not _same_meaning(rows, field.shape):
+            if rows != field.shape and not same_meaning(rows, field.shape):
                 got = f"shape={tuple(shape)}" if batch_dims == 0 else f"batch shape={tuple(shape)}"
                 raise SchemaError(self._mismatch(field, got))
             converted = self._convert(field, tensor, is_tensor)
@@ -337,11 +260,11 @@ class Schema:
         if isinstance(value, float):
             if not (dtype.is_floating_point or dtype.is_complex):
                 raise SchemaError(self._mismatch(field, "a Python float"))
-            limit = torch.finfo(_real(dtype)).max
+            limit = torch.finfo(real_part(dtype)).max
             if not -limit <= value <= limit:  # torch refuses to write these; round like a tensor cast
                 return torch.tensor(value, dtype=torch.float64).to(dtype)
             return value
-        if not _int_fits(value, dtype):  # else the write fails half-way, or rounds the int
+        if not int_fits(value, dtype):  # else the write fails half-way, or rounds the int
             raise SchemaError(self._mismatch(field, f"the int {value}, which {_dtype_name(dtype)} cannot hold exactly"))
         if not -(2**63) <= value < 2**63:  # torch writes ints through int64; an exact float beyond it (2**100)
             return float(value)
@@ -360,7 +283,7 @@ class Schema:
         tensor = tensor.detach()
         if rule == UNCHECKED:
             return tensor.to(field.dtype)
-        cast, bad = _first_inexact(tensor, field.dtype)
+        cast, bad = first_inexact(tensor, field.dtype)
         if cast is None:
             raise SchemaError(
                 self._mismatch(

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from objectrl_buffer.core.casts import SAME, UNCHECKED, cast_rule, exact_ints
 from objectrl_buffer.core.ring import Ring
-from objectrl_buffer.core.schema import INDEX_KEY, SAME, UNCHECKED, Key, Schema, cast_rule, exact_ints
+from objectrl_buffer.core.schema import INDEX_KEY, Key, Schema
 from objectrl_buffer.storage.torchrl_compat import plain_items
 
 __all__ = ["FastWriter", "numpy_views", "WIDE_ROW_BYTES"]
