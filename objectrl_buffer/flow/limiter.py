@@ -32,7 +32,6 @@ import math
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -42,11 +41,12 @@ from objectrl_buffer.checkpoint.manifest import ExtraValue
 from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.errors import CheckpointError, InvalidArgumentError, RateLimitDeadlock, RateLimitTimeout
 
-__all__ = ["RateLimiter", "SampleToInsertRatio", "MinSize", "Queue", "NAME"]
+__all__ = ["RateLimiter", "NAME", "BIG"]
 
 #: The extra-state name of a limiter's counters in full checkpoints.
 NAME = "rate_limiter"
-_BIG = sys.float_info.max  # what unbounded diffs are clamped to (checkpoint JSON has no infinities)
+#: What unbounded diffs are clamped to (checkpoint JSON has no infinities).
+BIG = sys.float_info.max
 _POLL_S = 0.05  # how often a blocked call re-checks the deadlock rule
 _COUNTERS = ("inserts", "samples", "deletes")
 
@@ -95,8 +95,8 @@ class RateLimiter:
         if self.samples_per_insert <= 0:
             raise InvalidArgumentError(f"samples_per_insert must be > 0, got {samples_per_insert!r}")
         self.min_size_to_sample = positive_int(min_size_to_sample, "min_size_to_sample")
-        low = max(real_in(min_diff, "min_diff", -math.inf, math.inf), -_BIG)
-        high = min(real_in(max_diff, "max_diff", -math.inf, math.inf), _BIG)
+        low = max(real_in(min_diff, "min_diff", -math.inf, math.inf), -BIG)
+        high = min(real_in(max_diff, "max_diff", -math.inf, math.inf), BIG)
         if low > high:
             raise InvalidArgumentError(f"min_diff ({min_diff}) must be <= max_diff ({max_diff})")
         self.min_diff, self.max_diff = low, high
@@ -388,77 +388,3 @@ class RateLimiter:
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-class SampleToInsertRatio(RateLimiter):
-    """Keep ``samples / inserts`` near ``samples_per_insert`` once ``min_size_to_sample`` rows are held.
-
-    ``error_buffer``: a number ``e`` gives ``min_diff, max_diff = min_size_to_sample * spi -+ e`` (the offset
-    makes the ratio count only what happens after the fill-up); a ``(min_diff, max_diff)`` pair is used as is.
-
-    Raises:
-        InvalidArgumentError: ``max_diff - min_diff < 2 * max(1, spi)`` (it could block every call),
-            ``min_diff > min_size_to_sample * spi`` (a deadlock once the buffer is filled up), or as
-            :class:`RateLimiter`.
-
-    Warns:
-        RuntimeWarning: ``max_diff < min_size_to_sample * spi``: inserts block once the buffer is filled up
-            unless a sampler runs at the same time.
-    """
-
-    def __init__(
-        self,
-        samples_per_insert: float,
-        min_size_to_sample: int,
-        error_buffer: float | tuple[float, float],
-        *,
-        deadlock_after_s: float | None = 1.0,
-    ) -> None:
-        spi = real_in(samples_per_insert, "samples_per_insert", 0.0, math.inf, finite=True)
-        size = positive_int(min_size_to_sample, "min_size_to_sample")
-        if isinstance(error_buffer, (int, float)) and not isinstance(error_buffer, bool):
-            e = real_in(error_buffer, "error_buffer", 0.0, math.inf)
-            min_diff, max_diff = size * spi - e, size * spi + e
-        elif isinstance(error_buffer, tuple) and len(error_buffer) == 2:
-            min_diff = real_in(error_buffer[0], "error_buffer[0]", -math.inf, math.inf)
-            max_diff = real_in(error_buffer[1], "error_buffer[1]", -math.inf, math.inf)
-        else:
-            raise InvalidArgumentError(
-                f"error_buffer must be a number or a (min_diff, max_diff) pair, got {error_buffer!r}"
-            )
-        if not max_diff - min_diff >= 2 * max(1.0, spi):
-            raise InvalidArgumentError(
-                f"error_buffer {error_buffer!r} is too small: max_diff - min_diff must be >= "
-                f"2 * max(1, samples_per_insert) = {2 * max(1.0, spi):g}, as a smaller range could block "
-                "every sample and/or insert"
-            )
-        if max_diff < spi * size:
-            warnings.warn(
-                f"error_buffer {error_buffer!r}: max_diff {max_diff:g} is below min_size_to_sample * "
-                f"samples_per_insert = {spi * size:g}: inserts block once min_size_to_sample rows are held "
-                "unless a sampler runs concurrently",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        if min_diff > spi * size:
-            raise InvalidArgumentError(
-                f"error_buffer {error_buffer!r}: min_diff {min_diff:g} is above min_size_to_sample * "
-                f"samples_per_insert = {spi * size:g}: sampling would deadlock once min_size_to_sample rows are held"
-            )
-        super().__init__(spi, size, min_diff, max_diff, deadlock_after_s=deadlock_after_s)
-
-
-class MinSize(RateLimiter):
-    """Block samples until ``min_size_to_sample`` rows are held; never block inserts."""
-
-    def __init__(self, min_size_to_sample: int, *, deadlock_after_s: float | None = 1.0) -> None:
-        size = positive_int(min_size_to_sample, "min_size_to_sample")
-        super().__init__(1.0, size, -_BIG, _BIG, deadlock_after_s=deadlock_after_s)
-
-
-class Queue(RateLimiter):
-    """Each row sampled once: at most ``size`` rows inserted and not yet sampled; samples wait for rows."""
-
-    def __init__(self, size: int, *, deadlock_after_s: float | None = 1.0) -> None:
-        n = positive_int(size, "size")
-        super().__init__(1.0, 1, 0.0, float(n), deadlock_after_s=deadlock_after_s)

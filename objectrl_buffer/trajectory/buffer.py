@@ -31,12 +31,14 @@ from tensordict import TensorDict, TensorDictBase
 from objectrl_buffer.core.schema import Schema
 from objectrl_buffer.core.seeding import derived_seed
 from objectrl_buffer.core.validate import positive_int
-from objectrl_buffer.errors import CheckpointError, ClosedBufferError, EmptyBufferError, InvalidArgumentError
+from objectrl_buffer.errors import ClosedBufferError, EmptyBufferError, InvalidArgumentError
 from objectrl_buffer.storage.table import make_tensordict
-from objectrl_buffer.trajectory import files
-from objectrl_buffer.trajectory.files import Entry, TrajectoryWriter
-from objectrl_buffer.trajectory.rows import Pairs, RowStore
-from objectrl_buffer.trajectory.trajectory import Flat, Trajectory, flatten, from_payload, to_payload
+from objectrl_buffer.trajectory import checkpoint, files
+from objectrl_buffer.trajectory.files import Entry
+from objectrl_buffer.trajectory.rows import Pairs
+from objectrl_buffer.trajectory.table import Table, shutdown
+from objectrl_buffer.trajectory.trajectory import Flat, Trajectory, flatten
+from objectrl_buffer.trajectory.writer import TrajectoryWriter
 
 __all__ = ["TrajectoryReplayBuffer"]
 
@@ -62,45 +64,6 @@ def _alias(name: str, value: Any, default: Any, alias: str, alias_value: Any) ->
     if value is not _UNSET and value != alias_value:
         raise InvalidArgumentError(f"{name}={value!r} and its alias {alias}={alias_value!r} disagree: pass one")
     return alias_value
-
-
-class _Table:
-    """The stored trajectories, oldest first: their index entries and first row addresses, over one RowStore."""
-
-    def __init__(self, capacity: int | None, device: torch.device) -> None:
-        self.rows = RowStore(capacity, device)
-        self.entries: list[Entry] = []
-        self.firsts: list[int] = []
-        self.total = 0
-
-    def append(self, schema: Schema, pairs: Pairs, n: int, entry: Entry) -> tuple[int, list[Entry]]:
-        """Store one trajectory's rows, evicting whole oldest ones until it fits; return (first row, evicted)."""
-        evicted: list[Entry] = []
-        rows = self.rows
-        while rows.free < n:
-            old = self.entries.pop(0)
-            self.firsts.pop(0)
-            rows.drop_oldest(old.num_samples)
-            self.total -= old.num_samples
-            evicted.append(old)
-        first = rows.append(schema, pairs, n)
-        self.entries.append(entry)
-        self.firsts.append(first)
-        self.total += n
-        return first, evicted
-
-    def payload(self, i: int) -> dict[str, Any]:
-        """The file payload of the ``i``-th stored trajectory, from storage (CPU tensors)."""
-        entry = self.entries[i]
-        rows = {k: v.cpu() for k, v in self.rows.read(self.firsts[i], entry.num_samples).items()}
-        return to_payload(entry.shape, entry.max_episode_length, entry.model_weights_id, rows)
-
-
-def _shutdown(writer: TrajectoryWriter | None, table: list[_Table]) -> None:
-    """At close (or exit, or garbage collection): stop the writer after its queued work; free the rows."""
-    if writer is not None:
-        writer.close(wait=True)
-    table[0].rows.close()
 
 
 class TrajectoryReplayBuffer:
@@ -171,7 +134,7 @@ class TrajectoryReplayBuffer:
         self.seed = derived_seed() if seed is None else seed
         self.generator = torch.Generator().manual_seed(self.seed)
         self._lock = threading.RLock()
-        self._holder = [_Table(self.capacity, self.storing_device)]  # a list: the finalizer sees swaps
+        self._holder = [Table(self.capacity, self.storing_device)]  # a list: the finalizer sees swaps
         self._counter = 0
         self._version = 0
         self._window: tuple[int, int, torch.Tensor, torch.Tensor, int] | None = None
@@ -187,11 +150,11 @@ class TrajectoryReplayBuffer:
                     )
                 self._load(folder_info, folder_info.entries)
             self._writer = TrajectoryWriter(self.storage_dir, fmt, self.seed, self._table.entries)
-        self._finalizer = weakref.finalize(self, _shutdown, self._writer, self._holder)
+        self._finalizer = weakref.finalize(self, shutdown, self._writer, self._holder)
 
     # ------------------------------------------------------------------ state
     @property
-    def _table(self) -> _Table:
+    def _table(self) -> Table:
         return self._holder[0]
 
     def _check_open(self) -> None:
@@ -272,7 +235,7 @@ class TrajectoryReplayBuffer:
             self._version += 1
 
     def _store(
-        self, table: _Table, flat: Flat, schema: Schema, pairs: Pairs, n: int, trajectory_id: int, persist: bool
+        self, table: Table, flat: Flat, schema: Schema, pairs: Pairs, n: int, trajectory_id: int, persist: bool
     ) -> None:
         entry = Entry(trajectory_id, n, flat.max_episode_length, flat.shape, flat.model_weights_id)
         _, evicted = table.append(schema, pairs, n, entry)
@@ -353,7 +316,7 @@ class TrajectoryReplayBuffer:
         self._check_open()
         with self._lock:
             old = self._table
-            self._holder[0] = _Table(self.capacity, self.storing_device)
+            self._holder[0] = Table(self.capacity, self.storing_device)
             old.rows.close()
             self._counter = 0
             self._version += 1
@@ -374,13 +337,8 @@ class TrajectoryReplayBuffer:
         if writer is not None and os.path.realpath(path) == os.path.realpath(writer.folder):
             writer.flush()
             return
-        os.makedirs(path, exist_ok=True)
         with self._lock:
-            table = self._table
-            for i, entry in enumerate(table.entries):
-                name = files.file_name(entry.trajectory_id, entry.model_weights_id, self.storage_format)
-                files.write_payload(os.path.join(path, name), table.payload(i), self.storage_format)
-            files.write_index(path, list(table.entries), self.storage_format, self.seed)
+            checkpoint.write_folder(path, self._table, self.storage_format, self.seed)
 
     def load_checkpoint(
         self,
@@ -405,15 +363,9 @@ class TrajectoryReplayBuffer:
         self._check_open()
         path = os.fspath(load_path)
         if is_distributed:
-            world_size = positive_int(world_size, "world_size")
-            if isinstance(local_rank, bool) or not isinstance(local_rank, int) or not 0 <= local_rank < world_size:
-                raise InvalidArgumentError(f"local_rank ({local_rank!r}) must be in range [0, {world_size})")
+            world_size = checkpoint.check_rank(local_rank, world_size)
         folder = files.read_folder(path)
-        entries = folder.entries
-        if is_distributed:
-            per, extra = divmod(len(entries), world_size)
-            start = local_rank * per + min(local_rank, extra)
-            entries = entries[start : start + per + (1 if local_rank < extra else 0)]
+        entries = checkpoint.rank_share(folder.entries, local_rank, world_size) if is_distributed else folder.entries
         own = self._writer is not None and os.path.realpath(path) == os.path.realpath(self._writer.folder)
         if own and is_distributed:
             raise InvalidArgumentError(
@@ -431,21 +383,7 @@ class TrajectoryReplayBuffer:
 
     def _load(self, folder: files.Folder, entries: list[Entry]) -> None:
         """Build a new table from ``entries``' files, then swap it in (the old one is untouched on error)."""
-        paths = files.find_files(files.Folder(folder.path, folder.metadata, entries, folder.fmt))
-        table = _Table(self.capacity, self.storing_device)
-        try:
-            schema = None
-            for entry, file in zip(entries, paths, strict=True):
-                flat = from_payload(files.load_payload(file, self.allow_pickle), f"'{file}'")
-                schema, pairs, n = table.rows.prepare(flat.rows, schema)
-                if n != entry.num_samples:
-                    raise CheckpointError(f"'{file}' holds {n} transitions, its index entry says {entry.num_samples}")
-                if self.capacity is not None and n > self.capacity:
-                    raise InvalidArgumentError(f"'{file}' has {n} transitions, more than capacity={self.capacity}")
-                table.append(schema, pairs, n, entry)
-        except BaseException:
-            table.rows.close()
-            raise
+        table = checkpoint.read_table(folder, entries, self.capacity, self.storing_device, self.allow_pickle)
         old, self._holder[0] = self._holder[0], table
         old.rows.close()
         ids = [e.trajectory_id for e in entries]

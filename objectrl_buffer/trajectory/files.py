@@ -18,14 +18,10 @@ short by a kill at any moment still loads, holding a prefix of what was added.
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
 import pickle
-import queue
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -48,16 +44,10 @@ __all__ = [
     "load_payload",
     "write_payload",
     "write_index",
-    "TrajectoryWriter",
 ]
 
 METADATA = "metadata.json"
 INDEX = "trajectory_index.json"
-#: While trajectories keep arriving, the index is rewritten at least this often (seconds), or, for a large
-#: index, after 10x the time its last rewrite took (so rewrites cost at most ~10% of the writer's time).
-PUBLISH_INTERVAL = 0.1
-#: Bytes of trajectories queued for the writer at most; an add past it waits (memory stays bounded).
-MAX_PENDING_BYTES = 1 << 30
 LEGACY_INDEX = "trajector_index.json"  # RLinf's merge tool reads (and writes) this misspelling too
 FORMATS = ("pt", "pkl")
 #: Largest JSON file read (a million trajectories' index is ~200 MB).
@@ -264,151 +254,3 @@ def _write_json(path: str, value: Any) -> None:
         f.write(blob)
 
     atomic_write(path, write)
-
-
-class TrajectoryWriter:
-    """One background thread that persists trajectories to an RLinf folder, in the order they were added.
-
-    Work items are processed in order; when the queue runs empty, and at least every
-    :data:`PUBLISH_INTERVAL` seconds while it does not, the index and the metadata are rewritten to name
-    exactly the trajectories whose files are complete. At most :data:`MAX_PENDING_BYTES` of trajectories
-    wait in the queue: a :meth:`submit` beyond that blocks until the thread catches up. A failure is kept
-    and raised (as :class:`CheckpointError`) by the next :meth:`submit`, :meth:`flush` or :meth:`close`.
-    """
-
-    def __init__(self, folder: str, fmt: str, seed: Any, entries: list[Entry] | None = None) -> None:
-        self.folder = folder
-        self.fmt = fmt
-        self.seed = seed
-        self.entries: list[Entry] = list(entries or [])  # what the published index names (writer thread only)
-        self._doomed: list[str] = []  # files of dropped trajectories, deleted once the index no longer names them
-        self._dirty = False
-        self._published = time.monotonic()
-        self._publish_cost = 0.0  # seconds the last index rewrite took
-        self._pending = 0  # bytes queued, guarded by _room
-        self._room = threading.Condition()
-        self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
-        self.error: BaseException | None = None
-        self.closed = False
-        os.makedirs(folder, exist_ok=True)
-        self._publish()  # before any trajectory lands, the folder already loads (empty, or as resumed)
-        self._thread = threading.Thread(target=self._run, name="objectrl_buffer-trajectory-writer", daemon=True)
-        self._thread.start()
-
-    # ------------------------------------------------------------------ caller side
-    def raise_error(self) -> None:
-        """Raise the writer thread's failure, if it had one."""
-        if self.error is not None:
-            raise CheckpointError(f"writing trajectories to '{self.folder}' failed: {self.error}") from self.error
-
-    def submit(self, entry: Entry, payload: dict[str, Any]) -> None:
-        """Queue a trajectory file (``payload`` must not be changed afterwards)."""
-        self.raise_error()
-        nbytes = _nbytes(payload)
-        with self._room:
-            # one trajectory larger than the limit still goes through, alone
-            self._room.wait_for(lambda: self._pending == 0 or self._pending + nbytes <= MAX_PENDING_BYTES)
-            self._pending += nbytes
-        self._queue.put(("write", (entry, payload, nbytes)))
-
-    def drop(self, ids: list[int]) -> None:
-        """Queue the removal of evicted trajectories: out of the index first, then their files."""
-        self._queue.put(("drop", set(ids)))
-
-    def reset(self, entries: list[Entry]) -> None:
-        """Queue: the folder now holds exactly ``entries`` (their files exist already), e.g. after a clear or load."""
-        self._queue.put(("reset", list(entries)))
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Wait until everything queued so far is on disk and indexed. Raises ``TimeoutError`` after ``timeout`` s."""
-        done = threading.Event()
-        self._queue.put(("flush", done))
-        if not done.wait(timeout):
-            raise TimeoutError(f"the trajectory writer did not finish within {timeout} s")
-        self.raise_error()
-
-    def close(self, wait: bool = True) -> None:
-        """Stop the thread after the queued work (idempotent); with ``wait``, wait for it and raise its failure."""
-        if not self.closed:
-            self.closed = True
-            self._queue.put(None)
-        if wait:
-            self._thread.join()
-            self.raise_error()
-
-    # ------------------------------------------------------------------ writer thread
-    def _release(self, nbytes: int) -> None:
-        with self._room:
-            self._pending -= nbytes
-            self._room.notify_all()
-
-    def _publish(self) -> None:
-        start = time.monotonic()
-        write_index(self.folder, self.entries, self.fmt, self.seed)
-        self._published = time.monotonic()
-        self._publish_cost = self._published - start
-        doomed, self._doomed = self._doomed, []
-        for path in doomed:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        self._dirty = False
-
-    def _step(self, op: str, arg: Any) -> None:
-        if op == "write":
-            entry, payload, nbytes = arg
-            try:
-                path = os.path.join(self.folder, file_name(entry.trajectory_id, entry.model_weights_id, self.fmt))
-                if path in self._doomed:  # an evicted file of the same name (ids restart after a clear)
-                    self._doomed.remove(path)
-                write_payload(path, payload, self.fmt)
-                self.entries.append(entry)
-            finally:
-                self._release(nbytes)
-        elif op == "drop":
-            kept = [e for e in self.entries if e.trajectory_id not in arg]
-            gone = [e for e in self.entries if e.trajectory_id in arg]
-            self._doomed += [
-                os.path.join(self.folder, file_name(e.trajectory_id, e.model_weights_id, self.fmt)) for e in gone
-            ]
-            self.entries = kept
-        elif op == "reset":
-            self.entries = arg
-        self._dirty = True
-
-    def _run(self) -> None:
-        q = self._queue
-        while True:
-            item = q.get()
-            if item is None:
-                self._publish_safely()
-                return
-            op, arg = item
-            if op == "flush":
-                self._publish_safely()
-                arg.set()
-                continue
-            if self.error is None:
-                try:
-                    self._step(op, arg)
-                except BaseException as exc:  # kept for the caller; later work is skipped
-                    self.error = exc
-            elif op == "write":
-                self._release(arg[2])
-            if q.empty() or time.monotonic() - self._published > max(PUBLISH_INTERVAL, 10 * self._publish_cost):
-                self._publish_safely()
-
-    def _publish_safely(self) -> None:
-        if self.error is None and self._dirty:
-            try:
-                self._publish()
-            except BaseException as exc:
-                self.error = exc
-
-
-def _nbytes(value: Any) -> int:
-    """Bytes of the tensors in a payload (nested dicts included)."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(_nbytes(v) for v in value.values())
-    return 0

@@ -446,7 +446,7 @@ def test_put_batch_threadsafe_from_a_rollout_thread() -> None:
 def test_check_invariants_names_an_inconsistency() -> None:
     class Corrupted(AsyncSequenceBuffer):
         def mark_read_by_everyone(self, slot: int) -> None:
-            self._read[slot, :] = True  # an entry read by everyone but not freed
+            self._t.read[slot, :] = True  # an entry read by everyone but not freed (the slot table)
 
     buf = Corrupted([Consumer("c", ("tokens",), 1)], max_size=4)
     buf.put_batch_nowait([seq(0)])

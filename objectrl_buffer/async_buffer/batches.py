@@ -1,0 +1,92 @@
+"""Checks and normalisation of the arguments of ``put_batch`` and ``amend_batch``.
+
+Each function either returns the normalised argument or raises naming it, before the buffer changes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Container
+from typing import Any
+
+import torch
+
+from objectrl_buffer.errors import InvalidArgumentError, SlotIndexError
+
+__all__ = ["birth_times", "check_new_ids", "amend_slots", "check_amend_ids"]
+
+
+def birth_times(value: Any, n: int, last_birth: int) -> torch.Tensor:
+    """``value`` as int64 ``[n]``; by default monotonic ns, increasing and after ``last_birth``.
+
+    Raises:
+        InvalidArgumentError: not a 1-D integer sequence of length ``n``.
+    """
+    if value is None:
+        start = max(time.monotonic_ns(), last_birth + 1)  # strictly after everything stored
+        return torch.arange(start, start + n, dtype=torch.int64)
+    try:
+        births = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise InvalidArgumentError(f"birth_times must be {n} integers, got {value!r}") from None
+    if births.dim() != 1 or births.shape[0] != n or births.dtype not in (torch.int64, torch.int32):
+        raise InvalidArgumentError(
+            f"birth_times must be a 1-D integer sequence of length {n} (one per sample), got "
+            f"{births.dtype} of shape {list(births.shape)}"
+        )
+    return births.to(torch.int64)
+
+
+def check_new_ids(ids: list[int], stored: Container[int]) -> None:
+    """Refuse ``ids`` of a put that repeat within the batch or are already ``stored``.
+
+    Raises:
+        InvalidArgumentError: naming (up to 10 of) the offending ids.
+    """
+    if len(set(ids)) != len(ids):
+        seen: set[int] = set()
+        twice = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
+        raise InvalidArgumentError(f"samples: ids {twice[:10]} appear more than once in the batch")
+    already = [i for i in ids if i in stored]
+    if already:
+        raise InvalidArgumentError(f"samples: ids {already[:10]} are already in the buffer")
+
+
+def amend_slots(indices: Any, occupied: torch.Tensor) -> torch.Tensor:
+    """``indices`` of an amend as int64 ``[k]`` CPU slots, each occupied (``occupied``: bool ``[max_size]``).
+
+    Raises:
+        SlotIndexError: a slot out of range or empty. InvalidArgumentError: not 1-D integers, or a slot twice.
+    """
+    max_size = occupied.numel()
+    try:
+        slots = torch.as_tensor(indices)
+    except (TypeError, ValueError, RuntimeError):
+        raise InvalidArgumentError(f"indices must be integer slots, got {indices!r}") from None
+    if slots.dim() == 0:
+        slots = slots.reshape(1)
+    if slots.dim() != 1 or (slots.numel() and slots.dtype not in (torch.int64, torch.int32, torch.int16)):
+        raise InvalidArgumentError(f"indices must be a 1-D sequence of integer slots, got {slots.dtype} {slots}")
+    slots = slots.to(torch.int64).cpu()
+    if slots.numel():
+        bad = slots[(slots < 0) | (slots >= max_size)]
+        if bad.numel():
+            raise SlotIndexError(f"indices {bad[:10].tolist()} are out of range [0, {max_size})")
+        empty = slots[~occupied[slots]]
+        if empty.numel():
+            raise SlotIndexError(f"indices {empty[:10].tolist()} are empty slots (never put, or already freed)")
+        if torch.unique(slots).numel() != slots.numel():
+            raise InvalidArgumentError(f"indices {slots.tolist()} name a slot more than once")
+    return slots
+
+
+def check_amend_ids(slots: list[int], stored: list[int], ids: list[int]) -> None:
+    """Refuse an amend whose sample ``ids`` differ from the ids ``stored`` in its ``slots``.
+
+    Raises:
+        InvalidArgumentError: naming the first slot that differs.
+    """
+    wrong = [(s, a, b) for s, a, b in zip(slots, stored, ids, strict=True) if a != b]
+    if wrong:
+        s, a, b = wrong[0]
+        raise InvalidArgumentError(f"amend_batch: slot {s} holds ids {a}, the sample amending it has ids {b}")

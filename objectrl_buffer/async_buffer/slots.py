@@ -1,0 +1,123 @@
+"""The slot table of an :class:`~objectrl_buffer.async_buffer.buffer.AsyncSequenceBuffer`.
+
+A few preallocated tensors of ``max_size`` rows (occupancy, ids, birth times, key presence, readiness and
+read bits per consumer), the payload of each slot, and two structures that change by the batch of each
+operation so that none scans ``max_size`` rows: per consumer the slots ready for it and unread by it, and a
+min-heap of the free slots.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+
+from objectrl_buffer.errors import InconsistentStateError
+
+__all__ = ["SlotTable", "EMPTY_ID", "require"]
+
+#: The id an empty slot holds.
+EMPTY_ID = -1
+
+
+def require(ok: bool, problem: str) -> None:
+    """Raise :class:`InconsistentStateError` naming ``problem`` unless ``ok``."""
+    if not ok:
+        raise InconsistentStateError(f"AsyncSequenceBuffer state is inconsistent: {problem}")
+
+
+class SlotTable:
+    """The state of ``max_size`` slots read by ``n_consumers`` consumers, ``n_tracked`` readiness keys each.
+
+    Tensors (CPU): ``occupied [m]`` bool, ``ids [m]`` int64 (``EMPTY_ID`` when empty), ``birth [m]`` int64,
+    ``has [m, n_tracked]``, ``ready [m, n_consumers]`` and ``read [m, n_consumers]`` bool.
+    """
+
+    def __init__(self, max_size: int, n_consumers: int, n_tracked: int) -> None:
+        m, c = max_size, n_consumers
+        self.occupied = torch.zeros(m, dtype=torch.bool)
+        self.ids = torch.full((m,), EMPTY_ID, dtype=torch.int64)
+        self.birth = torch.zeros(m, dtype=torch.int64)
+        self.has = torch.zeros(m, n_tracked, dtype=torch.bool)
+        self.ready = torch.zeros(m, c, dtype=torch.bool)
+        self.read = torch.zeros(m, c, dtype=torch.bool)
+        # Per consumer, the slots ready for it and not yet read by it; and a min-heap of the free slots.
+        # Both change by the batch of each operation, so no operation scans max_size rows.
+        self.candidates: list[set[int]] = [set() for _ in range(c)]
+        self.free_slots = list(range(m))  # sorted, hence a heap
+        self.payload: list[dict[str, torch.Tensor] | None] = [None] * m
+        self.slot_of: dict[int, int] = {}
+        self.size = 0
+        self.last_birth = 0
+        self.consumed: list[int] = []
+
+    def add_candidates(self, slots: list[int], ready: torch.Tensor) -> None:
+        """Add ``slots[i]`` to consumer ``c``'s candidates where ``ready[i, c]``."""
+        if ready.any():
+            for c, column in enumerate(ready.t().tolist()):
+                self.candidates[c].update(s for s, r in zip(slots, column, strict=True) if r)
+
+    def pop_free(self, n: int) -> list[int]:
+        """Take the ``n`` lowest free slots (the caller checked that ``n`` are free)."""
+        return [heapq.heappop(self.free_slots) for _ in range(n)]
+
+    def oldest(self, c: int, n: int) -> torch.Tensor:
+        """The ``n`` oldest slots (birth time, then slot) ready for consumer ``c`` and unread by it, oldest first."""
+        candidates = torch.tensor(list(self.candidates[c]), dtype=torch.int64)
+        births = self.birth[candidates]
+        if candidates.numel() > n:
+            # Keep every candidate born no later than the n-th oldest (ties included), then order exactly.
+            cutoff = torch.topk(births, n, largest=False).values.max()
+            keep = births <= cutoff
+            candidates, births = candidates[keep], births[keep]
+        candidates, by_slot = torch.sort(candidates)
+        order = torch.sort(births[by_slot], stable=True).indices[:n]  # stable: ties go by slot
+        return candidates[order]
+
+    def free(self, slots: torch.Tensor) -> None:
+        """Empty ``slots`` (int64 ``[k]``, occupied) and add their ids to the consumed list."""
+        ids = self.ids[slots].tolist()
+        for slot, sample_id in zip(slots.tolist(), ids, strict=True):
+            self.payload[slot] = None
+            del self.slot_of[sample_id]
+            heapq.heappush(self.free_slots, slot)
+        self.consumed.extend(ids)
+        self.occupied[slots] = False
+        self.ids[slots] = EMPTY_ID
+        self.birth[slots] = 0
+        self.has[slots] = False
+        self.ready[slots] = False
+        self.read[slots] = False
+        self.size -= slots.numel()
+
+    def check(self, names: list[str]) -> None:
+        """Check the table's pieces against each other (``names``: the consumers, in column order).
+
+        Raises:
+            InconsistentStateError: naming the first inconsistency found.
+        """
+        occ = self.occupied
+        require(int(occ.sum()) == self.size, f"size {self.size} but {int(occ.sum())} slots occupied")
+        require(len(self.slot_of) == self.size, f"size {self.size} but {len(self.slot_of)} ids indexed")
+        held = [s for s, p in enumerate(self.payload) if p is not None]
+        require(held == occ.nonzero().squeeze(1).tolist(), "payloads held do not match the occupied slots")
+        empty = ~occ
+        require(bool((self.ids[empty] == EMPTY_ID).all()), "an empty slot keeps an id")
+        require(
+            not bool(self.has[empty].any() | self.ready[empty].any() | self.read[empty].any()),
+            "an empty slot keeps key, ready or read bits",
+        )
+        require(bool((self.birth[empty] == 0).all()), "an empty slot keeps a birth time")
+        require(bool((self.birth[occ] <= self.last_birth).all()), "a birth time is after the last one given")
+        require(not bool(self.read[occ].all(1).any()), "an entry read by every consumer was not freed")
+        for c, name in enumerate(names):
+            ready = (occ & self.ready[:, c] & ~self.read[:, c]).nonzero().squeeze(1).tolist()
+            require(set(ready) == self.candidates[c], f"the slots ready for '{name}' differ from its candidates")
+        require(sorted(self.free_slots) == empty.nonzero().squeeze(1).tolist(), "free slots differ from empty ones")
+        require(
+            all(self.free_slots[(i - 1) // 2] <= v for i, v in enumerate(self.free_slots) if i),
+            "the free slots are not a heap",
+        )
+        for sample_id, slot in self.slot_of.items():
+            require(bool(occ[slot]) and int(self.ids[slot]) == sample_id, f"id {sample_id} indexed at slot {slot}")
+        require(len(set(self.consumed)) == len(self.consumed), "an id was consumed twice")
