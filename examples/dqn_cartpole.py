@@ -38,6 +38,7 @@ The process exits 0 whether or not the 195 criterion is met; the last lines say 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
@@ -103,6 +104,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plain-dict", action="store_true", help="add() plain dicts instead of TensorDicts")
     p.add_argument("--window", type=int, default=20, help="episodes in the reported mean return")
     p.add_argument("--plot", default="runs/dqn_cartpole.png", help="learning-curve PNG path ('' to skip)")
+    p.add_argument(
+        "--summary",
+        default="",
+        metavar="PATH",
+        help="also write the run's numbers (seed, steps, mean return, wall time, buffer share) as JSON to PATH",
+    )
     p.add_argument(
         "--save",
         default=None,
@@ -446,6 +453,19 @@ def main(argv: list[str] | None = None) -> float:
         f"[add {add_clock.seconds:.2f} s, sampling {sample_clock.seconds:.2f} s]"
     )
     verdict = "met" if mean_return >= SOLVED_RETURN else "NOT met"
+    if args.summary:  # what docs/dqn_cartpole.json holds, so the README can quote the run it shows
+        summary = {
+            "seed": args.seed,
+            "total_steps": args.total_steps,
+            "episodes": len(run.episode_returns),
+            "window": len(recent),
+            "mean_return": round(mean_return, 1),
+            "wall_s": round(wall, 1),
+            "buffer_share_percent": round(100 * buffer_s / wall, 1),
+            "plot": args.plot,
+        }
+        Path(args.summary).write_text(json.dumps(summary, indent=1) + "\n")
+        print(f"summary: {args.summary}")
     print(f"criterion mean return >= {SOLVED_RETURN:g}: {verdict}")
     print(f"mean return over last {len(recent)} episodes: {mean_return:.1f}")
     return mean_return

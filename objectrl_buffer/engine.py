@@ -281,6 +281,11 @@ class Engine:
         Raises:
             ConcurrentUseError: they were overwritten during each of ``READ_ATTEMPTS`` reads in a row.
         """
+        ring = self.ring
+        done = ring.done
+        batch = self._gather(slots, keys, with_index, span)
+        if ring.begun == done:  # no write began meanwhile: the single-threaded path ends here, nothing more
+            return batch
         return self._stable(
             lambda rows: self._gather(rows, keys, with_index, span if rows is slots else None), slots, None
         )
