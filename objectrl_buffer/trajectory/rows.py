@@ -66,7 +66,9 @@ class RowStore:
 
     def _new_chunk(self, schema: Schema, pairs: Pairs) -> TransitionStorage:
         assert self.chunk_rows is not None
-        storage = TransitionStorage(self.chunk_rows, self.device)
+        # write_fresh: a trajectory's rows are one large block per key; pwrite spares their fresh pages'
+        # reservation and write faults (see TransitionStorage._write_fresh)
+        storage = TransitionStorage(self.chunk_rows, self.device, write_fresh=True)
         storage.initialize(schema, {f.key: torch.as_tensor(v)[0] for f, v in pairs})
         self.chunks.append(storage)
         return storage
