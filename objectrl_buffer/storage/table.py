@@ -448,7 +448,10 @@ class TransitionStorage:
             fd = self._fds.get(field.key)
             if fd is None:
                 fd = self._fds[field.key] = os.open(path, os.O_RDWR)
-            blocks.append((fd, lo * field.row_bytes, block.reshape(-1).view(torch.uint8).numpy()))
+            data = block.reshape(-1).view(torch.uint8).numpy()
+            if data.nbytes != (hi - lo) * field.row_bytes:  # not exactly these rows: the general path decides
+                return False
+            blocks.append((fd, lo * field.row_bytes, data))
         try:
             for fd, offset, data in blocks:
                 view = memoryview(data.data)
