@@ -48,6 +48,9 @@ import shutil
 import tempfile
 import warnings
 import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -67,6 +70,9 @@ __all__ = ["RESERVE_STEP_BYTES", "TransitionStorage", "make_tensordict"]
 
 #: Smallest step (bytes of whole rows, all columns together) by which RAM-backed storage reserves rows.
 RESERVE_STEP_BYTES = 1 << 20
+#: With ``write_fresh``, a block of one key at least this large is copied by two threads, half each (the
+#: copy and ``pwrite`` release the GIL); a smaller one is not worth the hand-off (~50 us).
+SPLIT_BYTES = 2 << 20
 
 
 def _remove_folders(owned: dict[str, int]) -> None:
@@ -75,6 +81,13 @@ def _remove_folders(owned: dict[str, int]) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         os.close(lock)
     owned.clear()
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    """Write all of ``view`` at ``offset`` of ``fd`` (``pwrite`` may write less than asked)."""
+    while view.nbytes:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
 
 def make_tensordict(values: dict[Key, torch.Tensor], batch_size: torch.Size, device: torch.device | None) -> TensorDict:
@@ -119,6 +132,7 @@ class TransitionStorage:
     ) -> None:
         self.capacity = capacity
         self.write_fresh = write_fresh
+        self._helper: ThreadPoolExecutor | None = None  # the second copier of write_fresh storage
         self.device = device
         self.schema: Schema | None = None
         self.columns: dict[Key, torch.Tensor] = {}
@@ -385,6 +399,9 @@ class TransitionStorage:
         """Free the rows and remove the private folder. The storage is unusable afterwards."""
         self._free()
         self.closed = True
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)
+            self._helper = None
         if self.device.type == "cpu":
             self._finalizer()
 
@@ -416,12 +433,37 @@ class TransitionStorage:
                 return
             self._grow(parts[0][1])
         columns = self.columns
+        mine: list[Callable[[], object]] = []
+        theirs: list[Callable[[], object]] = []
         for field, value in pairs:
             column = columns[field.key]
             row = first
             for lo, hi in parts:
-                column[lo:hi] = value[row : row + hi - lo]
+                source = value[row : row + hi - lo]
+                if self.write_fresh and isinstance(source, torch.Tensor) and (hi - lo) * field.row_bytes >= SPLIT_BYTES:
+                    mid, source = (lo + hi) // 2, source.detach()  # the helper thread has grad mode on
+                    mine.append(partial(column[lo:mid].copy_, source[: mid - lo]))
+                    theirs.append(partial(column[mid:hi].copy_, source[mid - lo :]))
+                else:
+                    column[lo:hi] = source
                 row += hi - lo
+        self._halves(mine, theirs)
+
+    def _halves(self, mine: list[Callable[[], object]], theirs: list[Callable[[], object]]) -> None:
+        """Run ``theirs`` on the helper thread while this thread runs ``mine``; return once both are done
+        (raising the first error), so no copy outlives the call."""
+        if not theirs:
+            for job in mine:
+                job()
+            return
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="objectrl_buffer-copy")
+        future = self._helper.submit(lambda: [job() for job in theirs])
+        try:
+            for job in mine:
+                job()
+        finally:
+            future.result()
 
     def _write_fresh(self, lo: int, hi: int, pairs: list[tuple[Any, Any]], first: int) -> bool:
         """Write rows ``first ..`` of each batched value to slots ``lo .. hi-1``, which reach past
@@ -452,12 +494,16 @@ class TransitionStorage:
             if data.nbytes != (hi - lo) * field.row_bytes:  # not exactly these rows: the general path decides
                 return False
             blocks.append((fd, lo * field.row_bytes, data))
+        mine: list[Callable[[], object]] = []
+        theirs: list[Callable[[], object]] = []
+        for fd, offset, data in blocks:
+            view = memoryview(data.data)
+            half = view.nbytes // 2 if view.nbytes >= SPLIT_BYTES else view.nbytes
+            mine.append(partial(_pwrite_all, fd, view[:half], offset))
+            if half < view.nbytes:
+                theirs.append(partial(_pwrite_all, fd, view[half:], offset + half))
         try:
-            for fd, offset, data in blocks:
-                view = memoryview(data.data)
-                while view.nbytes:
-                    written = os.pwrite(fd, view, offset)
-                    view, offset = view[written:], offset + written
+            self._halves(mine, theirs)
         except OSError:  # e.g. ENOSPC: a full /dev/shm; no SIGBUS, unlike a store through the mapping
             return False
         self._set_reserved(hi)

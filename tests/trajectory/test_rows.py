@@ -139,3 +139,18 @@ def test_write_fresh_is_off_unless_asked() -> None:
     finally:
         plain.close()
         rows.close()
+
+
+def test_large_blocks_split_over_two_threads_store_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of at least SPLIT_BYTES are copied half by a helper thread: fresh (pwrite) and after a wrap."""
+    from objectrl_buffer.storage import table
+
+    monkeypatch.setattr(table, "SPLIT_BYTES", 64)  # every block of these small rows is split
+    rows = store(48, None)
+    try:
+        firsts = [append(rows, m, 24) for m in range(5)]  # fresh rows, then writes into a wrapped ring
+        for m in (3, 4):
+            assert_rows(rows, firsts[m], m, 24)
+    finally:
+        rows.close()
+    assert rows.chunks == [] and rows.closed
