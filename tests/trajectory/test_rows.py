@@ -1,0 +1,159 @@
+"""RowStore writes: fresh RAM-backed rows go through ``os.pwrite`` (no page faults), and nothing else changes."""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from objectrl_buffer.core.schema import Schema
+from objectrl_buffer.storage import placement
+from objectrl_buffer.trajectory.rows import RowStore
+
+
+def rows_of(m: int, n: int) -> dict[Any, torch.Tensor]:
+    """``n`` rows that tell trajectory ``m`` and the row apart, in a few dtypes and a nested key."""
+    r = torch.arange(n)
+    return {
+        "a": (m * 1000 + r).float(),
+        "img": (m * 7 + r).remainder(256).to(torch.uint8)[:, None, None].expand(n, 3, 5).contiguous(),
+        ("obs", "flag"): (r + m).remainder(2).bool(),
+    }
+
+
+def store(capacity: int | None, chunk_rows: int | None) -> RowStore:
+    return RowStore(capacity, torch.device("cpu"), chunk_rows)
+
+
+def append(rows: RowStore, m: int, n: int) -> int:
+    schema, pairs, k = rows.prepare(rows_of(m, n), rows.schema)
+    if rows.ring is not None:
+        while rows.free < k:
+            rows.drop_oldest(k)  # test trajectories all have k rows
+    return rows.append(schema, pairs, k)
+
+
+def assert_rows(rows: RowStore, first: int, m: int, n: int) -> None:
+    got, want = rows.read(first, n), rows_of(m, n)
+    assert got.keys() == want.keys()
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+
+
+def lazy(rows: RowStore) -> bool:
+    """Whether the chunks are RAM-backed (placement's default when there is room), so reserved lazily."""
+    folder = rows.chunks[0].folder if rows.chunks else None
+    return folder is not None and placement.is_tmpfs(folder)
+
+
+@pytest.mark.parametrize("capacity,chunk_rows", [(None, 64), (72, None)])
+def test_rows_read_back_across_chunks_and_wraps(capacity: int | None, chunk_rows: int | None) -> None:
+    rows = store(capacity, chunk_rows)
+    try:
+        firsts = [append(rows, m, 24) for m in range(7)]  # unbounded: straddles chunks; ring: wraps twice
+        kept = range(7) if capacity is None else range(4, 7)
+        for m in kept:
+            assert_rows(rows, firsts[m], m, 24)
+    finally:
+        rows.close()
+
+
+def test_fresh_rows_are_written_with_pwrite_and_reserved(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = os.pwrite
+
+    def spy(fd: int, data: Any, offset: int) -> int:
+        calls.append(offset)
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", spy)
+    rows = store(None, 64)
+    try:
+        append(rows, 0, 40)
+        if not lazy(rows):
+            pytest.skip("storage not RAM-backed here (no reservation to skip)")
+        assert calls, "fresh rows of RAM-backed storage are written with os.pwrite"
+        assert rows.chunks[0].reserved == 40  # exactly the rows written: pwrite allocated their pages
+        append(rows, 1, 40)  # 24 rows end chunk 0, 16 start chunk 1
+        assert rows.chunks[0].reserved == 64 and rows.chunks[1].reserved == 16
+        assert_rows(rows, 0, 0, 40)
+        assert_rows(rows, 40, 1, 40)
+    finally:
+        rows.close()
+
+
+@pytest.mark.parametrize("capacity", [None])
+def test_a_full_file_system_falls_back_without_touching_stored_rows(
+    monkeypatch: pytest.MonkeyPatch, capacity: int | None
+) -> None:
+    rows = store(capacity, 64 if capacity is None else None)
+    try:
+        append(rows, 0, 24)
+        if not lazy(rows):
+            pytest.skip("storage not RAM-backed here")
+        real = os.pwrite
+        count = [0]
+
+        def full(fd: int, data: Any, offset: int) -> int:  # the first block lands half, then ENOSPC
+            count[0] += 1
+            if count[0] == 1:
+                return real(fd, memoryview(data)[: len(memoryview(data)) // 2], offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "pwrite", full)
+        second = append(rows, 1, 24)  # falls back to reserving and writing through the mapping
+        assert count[0] >= 2
+        monkeypatch.setattr(os, "pwrite", real)
+        assert_rows(rows, 0, 0, 24)
+        assert_rows(rows, second, 1, 24)
+        assert rows.chunks[0].reserved >= 48
+    finally:
+        rows.close()
+
+
+def test_chunk_placement_is_what_placement_decides() -> None:
+    rows = store(None, 64)
+    try:
+        append(rows, 0, 8)
+        schema = rows.schema
+        assert isinstance(schema, Schema)
+        folder = rows.chunks[0].folder
+        assert folder is not None
+        assert os.path.dirname(folder) == placement.default_parent(schema.row_bytes * 64)
+    finally:
+        rows.close()
+
+
+def test_write_fresh_is_off_unless_asked() -> None:
+    """Only unbounded trajectory chunks take the pwrite path; a ring and other storages write as before."""
+    from objectrl_buffer.storage.table import TransitionStorage
+
+    plain = TransitionStorage(8, torch.device("cpu"))
+    rows = store(None, 64)
+    try:
+        append(rows, 0, 8)
+        ring = store(16, None)
+        append(ring, 0, 8)
+        assert not plain.write_fresh and rows.chunks[0].write_fresh and not ring.chunks[0].write_fresh
+        ring.close()
+    finally:
+        plain.close()
+        rows.close()
+
+
+def test_large_blocks_split_over_two_threads_store_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of at least SPLIT_BYTES are copied half by a helper thread: fresh (pwrite) and after a wrap."""
+    from objectrl_buffer.storage import table
+
+    monkeypatch.setattr(table, "SPLIT_BYTES", 64)  # every block of these small rows is split
+    rows = store(None, 40)
+    try:
+        firsts = [append(rows, m, 24) for m in range(5)]  # chunks of 40 rows: blocks straddle chunks
+        for m in range(5):
+            assert_rows(rows, firsts[m], m, 24)
+    finally:
+        rows.close()
+    assert rows.chunks == [] and rows.closed
