@@ -185,19 +185,16 @@ class Engine:
         # Any row may be under way until the batch is done (its length is known once it is checked).
         ring.begun = ring.done + ring.capacity
         try:
-            start, kept = self._add_batch(batch)
+            fast = self.storage.fast
+            n = -1 if fast is None else fast.write_batch(batch, ring)
+            start, kept = ring.advance(n) if n >= 0 else self._add_batch_checked(batch)
             ring.done += kept
             return start, kept
         finally:
             ring.begun = ring.done
 
-    def _add_batch(self, batch: Transition) -> tuple[int, int]:
+    def _add_batch_checked(self, batch: Transition) -> tuple[int, int]:
         ring = self.ring
-        fast = self.storage.fast
-        if fast is not None:
-            n = fast.write_batch(batch, ring)
-            if n >= 0:
-                return ring.advance(n)
         if isinstance(batch, TensorDictBase):
             if batch.batch_dims != 1:
                 raise InvalidArgumentError(

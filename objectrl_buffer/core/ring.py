@@ -81,8 +81,9 @@ class Ring:
 
     def advance(self, n: int) -> tuple[int, int]:
         """Account for ``n`` rows written at ``pointer, pointer + 1, ...``; return :meth:`placement`."""
-        placed = self.placement(n)
         capacity = self.capacity
+        kept = n if n < capacity else capacity
+        placed = (self.pointer + n - kept) % capacity, kept  # self.placement(n), inlined: per add_batch
         if self.phantom:  # rows past the capacity overwrite the oldest ones, phantom ones first
             self.phantom = max(0, self.phantom - max(0, self.size + n - capacity))
         self.pointer = (self.pointer + n) % capacity
