@@ -134,11 +134,14 @@ class Engine:
         fast = self.storage.fast
         done = ring.done + 1
         ring.begun = done  # a sampler thread re-reads what it read of this row meanwhile (see read())
-        if fast is not None and fast.write_row(transition, ring.pointer, self.cast_warned):
-            pointer = ring.pointer + 1
-            ring.pointer = pointer if pointer < ring.capacity else 0
-            if ring.size < ring.capacity:
-                ring.size += 1
+        pointer = ring.pointer
+        if fast is not None and fast.write_row(transition, pointer, self.cast_warned):
+            capacity = ring.capacity
+            pointer += 1
+            ring.pointer = pointer if pointer < capacity else 0
+            size = ring.size
+            if size < capacity:
+                ring.size = size + 1
             elif ring.phantom:  # the full ring overwrote its oldest row: a phantom one
                 ring.phantom -= 1
             ring.done = done
