@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Container
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ import torch
 from objectrl_buffer.core.casts import SAME, UNCHECKED, cast_rule, exact_ints
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import INDEX_KEY, Key, Schema
+from objectrl_buffer.storage.row_writer import RowWriter, compile_row_writer, pwrite_rows
 from objectrl_buffer.storage.torchrl_compat import plain_items
 
 __all__ = ["FastWriter", "numpy_views", "WIDE_ROW_BYTES"]
@@ -41,7 +41,7 @@ __all__ = ["FastWriter", "numpy_views", "WIDE_ROW_BYTES"]
 WIDE_ROW_BYTES = 8192
 
 # What a column accepts as a Python number (the Schema.check rule: no float into a non-float column).
-_FLOAT, _INT, _BOOL, _NONE = 0, 1, 2, 3
+_FLOAT, _INT, _BOOL, _NONE = "float", "int", "bool", "none"
 
 
 def numpy_views(columns: dict[Key, torch.Tensor]) -> dict[Key, np.ndarray] | None:
@@ -68,9 +68,9 @@ class FastWriter:
 
     def __init__(self, schema: Schema, arrays: dict[Key, np.ndarray], files: dict[Key, str] | None = None) -> None:
         self.n_keys = len(schema.fields)
-        #: Slots below this may be written; a write reaching past it is declined, so that the full path
-        #: reserves the rows first (RAM-backed storage reserves lazily: see storage.TransitionStorage._grow).
-        self.limit = 1 << 62
+        # the value of `limit`, in a list the compiled write_row reads too (a reference to this writer
+        # from that function would make a cycle, and keep the column mappings alive until a GC pass)
+        self.bound = [1 << 62]
         self.fds: dict[Key, int] = {}  # wide columns written with os.pwrite (see WIDE_ROW_BYTES)
         for field in schema.fields:
             if files and field.key in files and field.row_bytes >= WIDE_ROW_BYTES:
@@ -95,6 +95,12 @@ class FastWriter:
         self.entries = tuple(entries)
         # the slot's bytes are written last, and only for wide columns: (fd, bytes per row) by column id
         self._wide = {id(arrays[key]): (fd, schema.by_key[key].row_bytes) for key, fd in self.fds.items()}
+        #: ``write_row(data, slot, cast_ok=()) -> bool``: write one transition to ``slot`` if it is a plain
+        #: input that fits; ``False`` (nothing written) if not. ``cast_ok``: keys whose one-element tensors
+        #: may be cast into their 0-d column by the rules of a Python number (the checked path has given
+        #: those keys their ``CastWarning`` already; ObjectRL's DQN stores int64 ``[1]`` policy actions into
+        #: a float32 ``()`` column on every step). Compiled for this schema (``row_writer.py`` says why).
+        self.write_row: RowWriter = compile_row_writer(self)
 
     @classmethod
     def build(
@@ -109,24 +115,34 @@ class FastWriter:
         arrays = numpy_views(columns)
         return None if arrays is None else cls(schema, arrays, files)
 
+    @property
+    def limit(self) -> int:
+        """Slots below this may be written; a write reaching past it is declined, so that the full path
+        reserves the rows first (RAM-backed storage reserves lazily: see storage.TransitionStorage._grow)."""
+        return self.bound[0]
+
+    @limit.setter
+    def limit(self, rows: int) -> None:
+        self.bound[0] = rows
+
+    def wide(self, array: np.ndarray) -> tuple[int, int] | None:
+        """``(file descriptor, bytes per row)`` if ``array``'s rows are written with ``os.pwrite`` (see
+        :data:`WIDE_ROW_BYTES`), else ``None``."""
+        return self._wide.get(id(array))
+
     def close(self) -> None:
         """Close the files of the wide columns (the writer is unusable afterwards)."""
         fds, self.fds, self._wide = self.fds, {}, {}
         for fd in fds.values():
             os.close(fd)
 
-    def _store(self, array: np.ndarray, first: int, value: Any) -> None:
+    def store(self, array: np.ndarray, first: int, value: Any) -> None:
         """``array[first : first + len(value)] = value``, through ``pwrite`` for a wide column."""
         wide = self._wide.get(id(array))
         if wide is None:
             array[first : first + len(value)] = value
-            return
-        fd, row_bytes = wide
-        data = memoryview(np.ascontiguousarray(value, dtype=array.dtype).data).cast("B")
-        offset = first * row_bytes
-        while data:
-            written = os.pwrite(fd, data, offset)
-            data, offset = data[written:], offset + written
+        else:
+            pwrite_rows(*wide, first, value, array.dtype)
 
     def _items(self, data: Any, batch_dims: int) -> dict[Any, Any] | None:
         """The key -> value dict of a plain input with the stored keys (and maybe "index"), else ``None``."""
@@ -139,7 +155,7 @@ class FastWriter:
         return None
 
     @staticmethod
-    def _castable(cache: dict[np.dtype, bool], np_dtype: np.dtype, dtype: torch.dtype) -> bool:
+    def castable(cache: dict[np.dtype, bool], np_dtype: np.dtype, dtype: torch.dtype) -> bool:
         """Whether NumPy values of ``np_dtype`` go into a ``dtype`` column as they are; cached (``False`` too)."""
         ok = cache.get(np_dtype)
         if ok is None:
@@ -147,57 +163,6 @@ class FastWriter:
             # casts that need a look at the values (int64 -> int32) take the checked path
             ok = cache[np_dtype] = source is not None and cast_rule(source, dtype) in (SAME, UNCHECKED)
         return ok
-
-    def write_row(self, data: Any, slot: int, cast_ok: Container[Key] = ()) -> bool:
-        """Write one transition to ``slot`` if it is a plain input that fits; ``False`` (nothing written) if not.
-
-        ``cast_ok``: keys whose one-element tensors may be cast into their 0-d column here, by the rules of
-        a Python number (the checked path has given those keys their ``CastWarning`` already). ObjectRL's
-        DQN stores int64 ``[1]`` policy actions into a float32 ``()`` column on every step.
-        """
-        if slot >= self.limit:
-            return False
-        items = self._items(data, 0)
-        if items is None:
-            return False
-        values = []
-        try:
-            for key, dtype, shape, array, scalar, low, high, limit, casts in self.entries:
-                value = items[key]
-                kind = type(value)
-                if kind is torch.Tensor:
-                    if value.dtype is dtype and value.shape == shape:
-                        values.append((array, value.numpy()))  # raises for a tensor that needs grad or not on CPU
-                        continue
-                    if scalar == _NONE or value.numel() != 1 or key not in cast_ok:
-                        return False
-                    value = value.item()  # then the number rules below decide, as the checked path would
-                    kind = type(value)
-                if kind is float:
-                    if scalar != _FLOAT or value > limit or value < -limit:  # numpy would warn, torch raise
-                        return False
-                elif kind is int or kind is bool:
-                    if scalar == _NONE or not low <= value <= high:  # beyond: maybe refused, maybe rounded
-                        return False
-                    if scalar == _BOOL and kind is int:  # same_kind: int -> bool is unsafe
-                        return False
-                elif kind is np.ndarray or isinstance(value, np.generic):
-                    if value.shape != shape or not (
-                        casts.get(value.dtype) or self._castable(casts, value.dtype, dtype)
-                    ):
-                        return False
-                else:
-                    return False
-                values.append((array, value))
-        except (KeyError, RuntimeError, TypeError):
-            return False
-        wide = self._wide
-        for array, value in values:
-            if wide and id(array) in wide:
-                self._store(array, slot, np.expand_dims(np.asarray(value), 0))
-            else:
-                array[slot] = value
-        return True
 
     def write_batch(self, data: Any, ring: Ring) -> int:
         """Write a batch of ``N`` rows where ``ring.placement(N)`` puts them; return ``N`` (the caller then
@@ -219,9 +184,7 @@ class FastWriter:
                     if value.dtype is not dtype:
                         return -1
                     value = value.numpy()
-                elif kind is not np.ndarray or not (
-                    casts.get(value.dtype) or self._castable(casts, value.dtype, dtype)
-                ):
+                elif kind is not np.ndarray or not (casts.get(value.dtype) or self.castable(casts, value.dtype, dtype)):
                     return -1
                 rows = value.shape
                 if len(rows) != len(shape) + 1 or rows[1:] != shape or (n >= 0 and rows[0] != n):
@@ -237,7 +200,7 @@ class FastWriter:
         first = n - kept
         for array, value in values:
             for lo, hi in parts:  # one range, or two at the wrap
-                self._store(array, lo, value[first : first + hi - lo])
+                self.store(array, lo, value[first : first + hi - lo])
                 first += hi - lo
             first = n - kept
         return n

@@ -8,6 +8,8 @@ the writes made just before, nothing is written when a write is rejected.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -74,7 +76,19 @@ ACTION = st.one_of(
     st.just(torch.tensor(1.5)),
 )
 FLAG = st.one_of(st.booleans(), st.integers(0, 3), finite, st.just(torch.tensor(True)), st.just(np.bool_(True)))
-REWARD = st.one_of(finite, st.integers(-10, 10), st.booleans(), finite.map(np.float32), finite.map(np.float64))
+REWARD = st.one_of(
+    finite,
+    st.integers(-10, 10),
+    st.integers(2**24 - 2, 2**24 + 2),  # float32 holds them exactly only up to 2**24
+    st.booleans(),
+    finite.map(np.float32),
+    finite.map(np.float64),
+    st.sampled_from([math.inf, -math.inf, math.nan, 1e39, -1e39]),  # beyond float32's range: refused
+    finite.map(lambda v: torch.tensor(v, dtype=torch.float32)),  # ObjectRL's TensorDict holds 0-d tensors
+    finite.map(lambda v: torch.tensor(v, dtype=torch.float64)),
+    finite.map(lambda v: torch.tensor([v], dtype=torch.float32)),  # [1] into a () column: a cast
+    st.just(torch.tensor(1.0, requires_grad=True)),
+)
 
 
 @st.composite
@@ -322,3 +336,14 @@ def test_one_element_tensors_take_the_fast_path_once_their_cast_was_warned(monke
         with pytest.raises(AssertionError, match="checked path"):  # not exact / not real: the checked path decides
             rb.add({"action": value, "step": 4})
     assert len(rb) == 4
+
+
+@pytest.mark.parametrize("key", ['a"b', "x\ny", "return", "v0", "items", "{i}", "\\"])
+def test_any_key_name_is_stored_as_data_never_as_code(key: str) -> None:
+    """The per-step writer is compiled per schema: a key is a value there, whatever its characters."""
+    rb = ReplayBuffer("cpu", "cpu", 4, seed=0)
+    rb.add({key: torch.ones(2), "v1": 2.0})
+    rb.add({key: np.full(2, 3.0, dtype=np.float32), "v1": 4.0})
+    rows = rb.sample_all()
+    assert torch.equal(rows[key], torch.tensor([[1.0, 1.0], [3.0, 3.0]]))
+    assert rows["v1"].tolist() == [2.0, 4.0]
