@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping
 from typing import Any, BinaryIO
 
@@ -72,6 +73,8 @@ class SharedBuffer:
     def __init__(self, folder: str, *, seed: int | None = None, owner: bool = False) -> None:
         layout = json.loads(read_small_file(os.path.join(folder, _LAYOUT), 1 << 20))
         self.folder, self.owner = folder, owner
+        # the owner's files go when it closes, is collected or exits (not when a fork child of it does)
+        self._remove = weakref.finalize(self, _remove_folder, folder, os.getpid()) if owner else None
         self.capacity = positive_int(layout["capacity"], "capacity")
         self.schema = Schema(
             [
@@ -139,9 +142,9 @@ class SharedBuffer:
     def close(self) -> None:
         """Drop this handle's mappings; the owner also removes the files (children keep theirs until they exit)."""
         self.columns = {}
-        if self.owner:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.owner = False
+        if self._remove is not None:
+            self._remove()
+            self.owner, self._remove = False, None
 
     def __enter__(self) -> SharedBuffer:
         return self
@@ -241,6 +244,19 @@ class SharedBuffer:
         self.slots.commit(slots, seqs)
 
     # ------------------------------------------------------------------ reads
+    def rows(self) -> TensorDict:
+        """Every finished row, oldest to newest, with ``"index"`` (rows being written are left out)."""
+        reserved = self.slots.reserved
+        seqs = torch.arange(max(0, reserved - self.capacity), reserved, dtype=torch.int64)
+        slots = seqs % self.capacity
+        done = (self.slots.generations(slots) == seqs + 1).nonzero().squeeze(1)
+        slots, seqs = slots.index_select(0, done), seqs.index_select(0, done)
+        out = {key: column.index_select(0, slots) for key, column in self.columns.items()}
+        kept = (self.slots.generations(slots) == seqs + 1).nonzero().squeeze(1)  # not rewritten while read
+        out = {key: value.index_select(0, kept) for key, value in out.items()}
+        out[INDEX_KEY] = slots.index_select(0, kept)
+        return make_tensordict(out, torch.Size([kept.numel()]), None)
+
     def sample_batch(self, batch_size: int) -> TensorDict:
         """``batch_size`` finished rows drawn uniformly with replacement (rows being written are redrawn).
 
@@ -276,6 +292,11 @@ class SharedBuffer:
                 out[INDEX_KEY] = index
                 return make_tensordict(out, torch.Size([k]), None)
         raise EmptyBufferError(f"no finished row to sample (reserved {self.reserved}, committed {self.committed()})")
+
+
+def _remove_folder(folder: str, pid: int) -> None:
+    if os.getpid() == pid:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def share(buffer: Any, *, seed: int | None = None) -> SharedBuffer:
