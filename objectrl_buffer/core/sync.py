@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-__all__ = ["lock_file", "FileLock"]
+__all__ = ["lock_file", "FileLock", "ProcessRLock"]
 
 
 @contextmanager
@@ -118,3 +118,58 @@ def _forget_locks() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_locks)
+
+
+class ProcessRLock:
+    """A re-entrant lock that also excludes other processes: a thread's outermost hold takes a
+    :class:`FileLock` on ``path`` (the kernel frees it if the process dies). Usable by
+    :class:`threading.Condition`, whose ``wait`` releases it fully (other processes do not ``notify``:
+    waiters poll with a timeout)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.rlock = threading.RLock()
+        self.file = FileLock(path)
+        self.depth = 0
+        self.owner = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        self.rlock.acquire()
+        if self.depth == 0:
+            try:
+                self.file.acquire()
+            except BaseException:
+                self.rlock.release()
+                raise
+            self.owner = threading.get_ident()
+        self.depth += 1
+        return True
+
+    def release(self) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.owner = 0
+            self.file.release()
+        self.rlock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # what threading.Condition uses when the lock has it (a full release around wait)
+    def _release_save(self) -> int:
+        depth, self.depth, self.owner = self.depth, 0, 0
+        self.file.release()
+        for _ in range(depth):
+            self.rlock.release()
+        return depth
+
+    def _acquire_restore(self, depth: int) -> None:
+        for _ in range(depth):
+            self.rlock.acquire()
+        self.file.acquire()
+        self.depth, self.owner = depth, threading.get_ident()
+
+    def _is_owned(self) -> bool:
+        return self.depth > 0 and self.owner == threading.get_ident()
