@@ -171,7 +171,8 @@ _NOT_COPIED = ("add", "add_batch", "sample_batch", "epoch_iterator", "generator"
 
 
 def reduce_for_process(rb: ReplayBuffer) -> tuple[Any, ...]:
-    """``multiprocessing``'s pickler only: share ``rb``'s rows with the child (:mod:`objectrl_buffer.distributed.process`)."""
+    """``multiprocessing``'s pickler only: share ``rb``'s rows with the child
+    (:mod:`objectrl_buffer.distributed.process`)."""
     from objectrl_buffer.distributed.process import reduce_for_process as share_rows
 
     return share_rows(rb)

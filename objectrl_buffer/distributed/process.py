@@ -89,10 +89,10 @@ class SharedMode(_Base):
             engine.add_batch(rows.exclude(INDEX_KEY))
             engine.ring.pointer = self.shared.pointer
 
-    def _snapshot_then(name: str) -> Any:  # type: ignore[misc]
+    def _snapshot_then(name: str) -> Any:
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
             self.snapshot()
-            return getattr(super(SharedMode, self), name)(*args, **kwargs)
+            return getattr(super(), name)(*args, **kwargs)
 
         method.__name__ = name
         method.__doc__ = f"The buffer's ``{name}`` over a snapshot of the shared rows (see the module docs)."
@@ -127,7 +127,7 @@ class SharedMode(_Base):
         return _plain_copy, (type(self).__mro__[2], self.__getstate__())
 
 
-def _plain_copy(cls: type, state: dict[str, Any]) -> Any:
+def _plain_copy(cls: Any, state: dict[str, Any]) -> Any:
     buffer = cls.__new__(cls)
     buffer.__setstate__(state)
     return buffer

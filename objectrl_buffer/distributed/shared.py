@@ -26,8 +26,8 @@ from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer.checkpoint.io import atomic_write, read_small_file
 from objectrl_buffer.core.keys import INDEX_KEY
-from objectrl_buffer.core.schema import Field, Key, Schema
 from objectrl_buffer.core.ring import Ring
+from objectrl_buffer.core.schema import Field, Key, Schema
 from objectrl_buffer.core.shared_counter import SharedSlots
 from objectrl_buffer.core.validate import positive_int
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError
@@ -46,8 +46,8 @@ def batch_rows(batch: Any) -> int:
     if isinstance(batch, TensorDictBase):
         return int(batch.batch_size[0]) if batch.batch_dims == 1 else 0
     if type(batch) is dict and batch:
-        shape = getattr(next(iter(batch.values())), "shape", ())
-        return int(shape[0]) if len(shape) else 0
+        shape: tuple[int, ...] = tuple(getattr(next(iter(batch.values())), "shape", ()))
+        return int(shape[0]) if shape else 0
     return 0
 
 

@@ -124,9 +124,9 @@ class RateLimiter:
     deletes = property(lambda self: int(self._counts[2]), lambda self, v: self._counts.__setitem__(2, v))
 
     def _init_sync(self) -> None:
-        shared = self._shared is not None
-        self._cond = threading.Condition(ProcessRLock(self._shared) if shared else threading.RLock())
-        self._poll_s = _SHARED_POLL_S if shared else _POLL_S
+        lock: Any = threading.RLock() if self._shared is None else ProcessRLock(self._shared)
+        self._cond = threading.Condition(lock)
+        self._poll_s = _POLL_S if self._shared is None else _SHARED_POLL_S
         self._parties: dict[int, threading.Thread] = {}
         self._blocked: dict[int, int] = {}  # thread ident -> calls of it waiting (1 unless re-entered)
         self._async_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
@@ -449,7 +449,7 @@ def _remove_file(path: str, pid: int) -> None:
             os.unlink(path)
 
 
-def _attached(cls: type, state: dict[str, Any], path: str) -> RateLimiter:
+def _attached(cls: Any, state: dict[str, Any], path: str) -> RateLimiter:
     limiter: RateLimiter = cls.__new__(cls)
     limiter.__setstate__(state)
     limiter.use_counters(path)
