@@ -149,7 +149,7 @@ def copy_state(rb: ReplayBuffer) -> dict[str, Any]:
     """What ``pickle``/``copy.deepcopy``/``torch.save`` keep of ``rb``: its settings, its engine (which
     copies its rows, see :meth:`Engine.__getstate__ <objectrl_buffer.engine.Engine.__getstate__>`) and
     the generator state; not the epoch iterator."""
-    state = {k: v for k, v in rb.__dict__.items() if k not in ("add", "epoch_iterator", "generator")}
+    state = {k: v for k, v in rb.__dict__.items() if k not in _NOT_COPIED}
     state["generator"] = (rb.generator.device, rb.generator.get_state())
     return state
 
@@ -162,3 +162,17 @@ def from_copy_state(rb: ReplayBuffer, state: dict[str, Any]) -> None:
     rb.epoch_iterator = None
     rb.generator = torch.Generator(device=device)
     rb.generator.set_state(generator_state)
+    if state.get("rate_limiter") is not None:
+        rb.rate_limiter.attach(rb)
+
+
+#: Bound methods (the per-step ``add``, a rate limiter's gates), the epoch iterator, a shared handle.
+_NOT_COPIED = ("add", "add_batch", "sample_batch", "epoch_iterator", "generator", "shared")
+
+
+def reduce_for_process(rb: ReplayBuffer) -> tuple[Any, ...]:
+    """``multiprocessing``'s pickler only: share ``rb``'s rows with the child
+    (:mod:`objectrl_buffer.distributed.process`)."""
+    from objectrl_buffer.distributed.process import reduce_for_process as share_rows
+
+    return share_rows(rb)

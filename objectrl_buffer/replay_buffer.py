@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -53,6 +54,9 @@ class ReplayBuffer:
         num_envs: envs of a vector environment written together (a divisor of ``buffer_size``):
             :meth:`add` takes ``[num_envs]`` steps, :meth:`add_batch` ``[T, num_envs]``; env ``e`` of
             step ``t`` goes to slot ``t * num_envs + e``; n-step returns and slices never cross envs.
+        rate_limiter: a :class:`objectrl_buffer.flow.RateLimiter` admitting :meth:`add`, :meth:`add_batch`
+            and :meth:`sample_batch` (they then take ``timeout=``; a batch is admitted whole); its counters
+            ride in full checkpoints. ``None``: no limit.
 
     Attributes:
         device, storing_device, buffer_size, data_size, pointer: as ObjectRL's (``pointer`` is the
@@ -86,6 +90,7 @@ class ReplayBuffer:
         storage_dir: str | os.PathLike[str] | None = None,
         transition_keys: TransitionKeys | None = None,
         num_envs: int = 1,
+        rate_limiter: Any = None,
     ) -> None:
         where, stored_on = validate.buffer_devices(device, storing_device, buffer_size)
         envs = positive_int(num_envs, "num_envs")
@@ -102,7 +107,14 @@ class ReplayBuffer:
         self._random_recent: int | None = None  # recency window of get_next_batch's random sampling
         self.generator = torch.Generator(device=self.storing_device)
         self.generator.manual_seed(derived_seed() if seed is None else seed)
+        self.rate_limiter = rate_limiter
         self._bind()
+        if rate_limiter is not None:
+            rate_limiter.attach(self)  # objectrl_buffer.flow gates add/add_batch/sample_batch
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        ForkingPickler.register(cls, persistence.reduce_for_process)
 
     def _bind(self) -> None:
         # The per-env-step call goes straight to the engine: no extra Python frame on the hot path.
@@ -346,3 +358,7 @@ class ReplayBuffer:
         """Restore what :meth:`state_dict` returned, as :meth:`load` restores a full checkpoint. Raises
         ``CheckpointError`` naming a wrong entry, or for one that does not fit; the buffer is unchanged."""
         persistence.load_state_dict(self, state_dict)
+
+
+# Handed to a child process by multiprocessing's own pickler, a buffer shares its rows (pickle copies them).
+ForkingPickler.register(ReplayBuffer, persistence.reduce_for_process)

@@ -4,15 +4,16 @@ The file holds ``1 + capacity`` int64 values, mapped ``MAP_SHARED`` by every pro
 ``[0]`` counts rows ever reserved, ``[1 + s]`` is the commit generation of slot ``s``: ``seq + 1`` of the row
 committed there (``seq``: its number among all rows ever reserved), or 0 while nothing finished is there.
 
-* :meth:`SharedSlots.reserve` bumps the counter under :func:`~objectrl_buffer.core.sync.lock_file` (a
-  ``flock`` the kernel releases if its holder dies); the lock covers only the increment, never a copy.
+* :meth:`SharedSlots.reserve` bumps the counter under a :class:`~objectrl_buffer.core.sync.FileLock` on the
+  file (a ``flock`` the kernel releases if its holder dies); the lock covers only the increment, never a copy.
 * A writer :meth:`~SharedSlots.begin` s its slots (generation 0), copies its rows, then
   :meth:`~SharedSlots.commit` s them (``seq + 1``).
 * A reader takes the generations before (:meth:`~SharedSlots.generations`) and after reading rows, and keeps
   a row only if both are equal and > 0 (a per-slot seqlock): it never sees a row being written, and a
   writer that dies mid-write (even by SIGKILL) leaves its slots at 0: skipped, never waited for.
 
-Stores to the mapping are plain aligned 8-byte stores, ordered as issued on x86-64 (TSO).
+Stores to the mapping are plain aligned 8-byte stores, ordered as issued on x86-64 (TSO). Single slots go
+through a NumPy view of the mapping (~0.1 us a store; a torch index op costs ~2-5 us).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 
 import torch
 
-from objectrl_buffer.core.sync import lock_file
+from objectrl_buffer.core.sync import FileLock
 
 __all__ = ["SharedSlots"]
 
@@ -33,29 +34,50 @@ class SharedSlots:
         path: the shared file (created with zeros when ``create``; it must exist otherwise).
         capacity: slots (> 0).
         create: make the file (it must not exist).
+        start: with ``create``: the counter's first value (so that ``start % capacity`` is the first slot).
     """
 
-    def __init__(self, path: str, capacity: int, *, create: bool = False) -> None:
+    def __init__(self, path: str, capacity: int, *, create: bool = False, start: int = 0) -> None:
         self.path, self.capacity = path, capacity
         if create:
             with open(path, "xb") as f:
                 f.truncate(8 * (1 + capacity))
+                if start:
+                    f.write(int(start).to_bytes(8, "little", signed=True))
         elif os.path.getsize(path) != 8 * (1 + capacity):
             raise ValueError(f"'{path}' does not hold {capacity} slots")
-        self._words = torch.from_file(path, shared=True, size=1 + capacity, dtype=torch.int64)
-        self.gens = self._words[1:]
+        words = torch.from_file(path, shared=True, size=1 + capacity, dtype=torch.int64)
+        self.gens = words[1:]
+        self.words = words.numpy()  # the same memory: scalar loads and stores at NumPy's cost
+        self.lock = FileLock(path)
 
     @property
     def reserved(self) -> int:
         """Rows ever reserved (by every process)."""
-        return int(self._words[0])
+        return int(self.words[0])
 
     def reserve(self, n: int) -> int:
         """Reserve ``n`` rows: return the ``seq`` of the first (the next ``n`` are this caller's)."""
-        with lock_file(self.path + ".lock"):
-            start = int(self._words[0])
-            self._words[0] = start + n
+        lock, words = self.lock, self.words
+        lock.acquire()
+        try:
+            start = int(words[0])
+            words[0] = start + n
+        finally:
+            lock.release()
         return start
+
+    def unreserve(self, start: int, n: int) -> bool:
+        """Give back the ``n`` rows from ``start`` if nobody reserved after them; ``False`` (spent) otherwise."""
+        lock, words = self.lock, self.words
+        lock.acquire()
+        try:
+            if int(words[0]) != start + n:
+                return False
+            words[0] = start
+            return True
+        finally:
+            lock.release()
 
     def begin(self, slots: torch.Tensor) -> None:
         """Mark ``slots`` (int64) as being written: readers skip them from now on."""

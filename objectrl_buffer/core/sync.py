@@ -6,10 +6,12 @@ import errno
 import fcntl
 import os
 import stat
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-__all__ = ["lock_file"]
+__all__ = ["lock_file", "FileLock", "ProcessRLock"]
 
 
 @contextmanager
@@ -49,3 +51,125 @@ def lock_file(path: str) -> Iterator[None]:
         with suppress(OSError):  # best effort: a lock file left behind is taken over by the next holder
             os.unlink(path)
         os.close(fd)
+
+
+class FileLock:
+    """An exclusive ``flock`` on an existing file kept open: the per-call cost of :func:`lock_file` (open,
+    stat, unlink, close: ~10 us on ``/dev/shm``) drops to two syscalls (~1 us), for a lock taken per add.
+
+    The kernel releases it when its holder dies (even by SIGKILL). Threads of one process exclude each
+    other through a :class:`threading.Lock` (``flock`` does not: they share the open file). A forked child
+    reopens the file at its first use (an inherited descriptor would share the parent's lock).
+    The file is never removed (it is the data file the lock guards, or a file beside it).
+
+    Raises:
+        OSError: the file cannot be opened (at the first :meth:`acquire` of each process).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = -1
+        self.thread_lock = threading.Lock()
+        _LOCKS.add(self)
+
+    def acquire(self) -> None:
+        """Block until this process holds the lock."""
+        self.thread_lock.acquire()
+        try:
+            if self.fd < 0:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except BaseException:
+            self.thread_lock.release()
+            raise
+
+    def release(self) -> None:
+        """Release the lock (the caller holds it)."""
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        self.thread_lock.release()
+
+    def __enter__(self) -> None:
+        self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def forget(self) -> None:
+        """After a fork, in the child: the inherited descriptor is the parent's; open a new one when needed."""
+        if self.fd >= 0:
+            with suppress(OSError):  # the parent's lock lives on: its own descriptor still refers to it
+                os.close(self.fd)
+        self.fd = -1
+        self.thread_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, str]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, str]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
+
+_LOCKS: weakref.WeakSet[FileLock] = weakref.WeakSet()
+
+
+def _forget_locks() -> None:
+    for lock in list(_LOCKS):
+        lock.forget()
+
+
+os.register_at_fork(after_in_child=_forget_locks)
+
+
+class ProcessRLock:
+    """A re-entrant lock that also excludes other processes: a thread's outermost hold takes a
+    :class:`FileLock` on ``path`` (the kernel frees it if the process dies). Usable by
+    :class:`threading.Condition`, whose ``wait`` releases it fully (other processes do not ``notify``:
+    waiters poll with a timeout)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.rlock = threading.RLock()
+        self.file = FileLock(path)
+        self.depth = 0
+        self.owner = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        self.rlock.acquire()
+        if self.depth == 0:
+            try:
+                self.file.acquire()
+            except BaseException:
+                self.rlock.release()
+                raise
+            self.owner = threading.get_ident()
+        self.depth += 1
+        return True
+
+    def release(self) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.owner = 0
+            self.file.release()
+        self.rlock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # what threading.Condition uses when the lock has it (a full release around wait)
+    def _release_save(self) -> int:
+        depth, self.depth, self.owner = self.depth, 0, 0
+        self.file.release()
+        for _ in range(depth):
+            self.rlock.release()
+        return depth
+
+    def _acquire_restore(self, depth: int) -> None:
+        for _ in range(depth):
+            self.rlock.acquire()
+        self.file.acquire()
+        self.depth, self.owner = depth, threading.get_ident()
+
+    def _is_owned(self) -> bool:
+        return self.depth > 0 and self.owner == threading.get_ident()

@@ -18,7 +18,7 @@ from objectrl_buffer.core.validate import positive_int
 from objectrl_buffer.errors import InvalidArgumentError
 from objectrl_buffer.flow.limiter import RateLimiter
 
-__all__ = ["LimitedBuffer", "limited", "batch_rows"]
+__all__ = ["LimitedBuffer", "limited", "batch_rows", "Gate"]
 
 
 def batch_rows(batch: Any, num_envs: int = 1) -> int:
@@ -109,6 +109,55 @@ class LimitedBuffer:
         """The buffer's ``reset``; the limiter's counters start again from zero."""
         self.buffer.reset(*args, **kwargs)
         self.limiter.reset()
+
+
+class Gate:
+    """The rate-limited ``add``/``add_batch``/``sample_batch`` of a buffer built with ``rate_limiter=``:
+    :meth:`install` puts them on the buffer instance, over its class's own methods (a shared buffer's
+    included), so that ``buffer.add(x, timeout=1.0)`` waits for admission. A batch is admitted whole;
+    rows a full ring overwrites are counted as deletes."""
+
+    def __init__(self, buffer: Any, limiter: RateLimiter) -> None:
+        self.buffer, self.limiter = buffer, limiter
+
+    def install(self) -> None:
+        buffer, limiter = self.buffer, self.limiter
+        extras = buffer.checkpoint_extras
+        if not any(extra is limiter for extra in extras):
+            if any(getattr(extra, "name", None) == limiter.name for extra in extras):
+                raise InvalidArgumentError("buffer already has a rate limiter in its checkpoint_extras")
+            extras.append(limiter)
+        buffer.__dict__.update(add=self.add, add_batch=self.add_batch, sample_batch=self.sample_batch)
+
+    def _write(self, n: int, timeout: float | None, write: Any, value: Any) -> None:
+        if n == 0:  # nothing to admit (or a batch the write refuses): the write decides
+            write(value)
+            return
+        buffer = self.buffer
+        before = len(buffer)
+        with self.limiter.inserting(n, timeout):
+            write(value)
+        evicted = min(n, before + n - buffer.buffer_size)
+        if evicted > 0:
+            self.limiter.delete(evicted)
+
+    def add(self, transition: Any, *, timeout: float | None = None) -> None:
+        """The buffer's ``add`` once the limiter admits its rows. Raises ``RateLimitTimeout``,
+        ``RateLimitDeadlock`` (nothing written or counted), or as the buffer's ``add``."""
+        buffer = self.buffer
+        self._write(buffer.num_envs, timeout, type(buffer).add.__get__(buffer), transition)
+
+    def add_batch(self, batch: Any, *, timeout: float | None = None) -> None:
+        """The buffer's ``add_batch``, admitted as a whole. Raises as :meth:`add`."""
+        buffer = self.buffer
+        self._write(batch_rows(batch, buffer.num_envs), timeout, type(buffer).add_batch.__get__(buffer), batch)
+
+    def sample_batch(self, batch_size: int, *, timeout: float | None = None, **kwargs: Any) -> Any:
+        """The buffer's ``sample_batch`` once ``batch_size`` samples are admitted (nothing drawn otherwise)."""
+        k = positive_int(batch_size, "batch_size")
+        buffer = self.buffer
+        with self.limiter.sampling(k, timeout):
+            return type(buffer).sample_batch(buffer, k, **kwargs)
 
 
 def limited(buffer: Any, limiter: RateLimiter) -> LimitedBuffer:

@@ -28,16 +28,25 @@ coroutine of their loop may still move the counters); give them a ``timeout``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import os
 import sys
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
+
+import numpy as np
+import torch
 
 from objectrl_buffer.checkpoint.extras import Arrays, Values
 from objectrl_buffer.checkpoint.manifest import ExtraValue
+from objectrl_buffer.core.sync import ProcessRLock
 from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.errors import CheckpointError, InvalidArgumentError, RateLimitDeadlock, RateLimitTimeout
 
@@ -48,6 +57,7 @@ NAME = "rate_limiter"
 #: What unbounded diffs are clamped to (checkpoint JSON has no infinities).
 BIG = sys.float_info.max
 _POLL_S = 0.05  # how often a blocked call re-checks the deadlock rule
+_SHARED_POLL_S = 0.002  # how often a blocked call of a shared limiter re-checks (other processes never notify)
 _COUNTERS = ("inserts", "samples", "deletes")
 
 
@@ -101,11 +111,22 @@ class RateLimiter:
             raise InvalidArgumentError(f"min_diff ({min_diff}) must be <= max_diff ({max_diff})")
         self.min_diff, self.max_diff = low, high
         self.deadlock_after_s = _timeout(deadlock_after_s) if deadlock_after_s is not None else None
-        self.inserts = self.samples = self.deletes = 0
+        self._counts = np.zeros(3, dtype=np.int64)  # inserts, samples, deletes
+        self._shared: str | None = None  # the file of the counters once shared with other processes
         self._init_sync()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        ForkingPickler.register(cls, _reduce_for_process)
+
+    inserts = property(lambda self: int(self._counts[0]), lambda self, v: self._counts.__setitem__(0, v))
+    samples = property(lambda self: int(self._counts[1]), lambda self, v: self._counts.__setitem__(1, v))
+    deletes = property(lambda self: int(self._counts[2]), lambda self, v: self._counts.__setitem__(2, v))
+
     def _init_sync(self) -> None:
-        self._cond = threading.Condition(threading.RLock())
+        lock: Any = threading.RLock() if self._shared is None else ProcessRLock(self._shared)
+        self._cond = threading.Condition(lock)
+        self._poll_s = _POLL_S if self._shared is None else _SHARED_POLL_S
         self._parties: dict[int, threading.Thread] = {}
         self._blocked: dict[int, int] = {}  # thread ident -> calls of it waiting (1 unless re-entered)
         self._async_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
@@ -251,10 +272,12 @@ class RateLimiter:
                 self._async_waiters.add(waiter)
             try:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                poll = self._shared is not None and (left is None or left > self._poll_s)
                 try:
-                    await asyncio.wait_for(waiter[1], left)
+                    await asyncio.wait_for(waiter[1], self._poll_s if poll else left)
                 except asyncio.TimeoutError:
-                    raise self._timed_out(n, inserting, timeout) from None
+                    if not poll:
+                        raise self._timed_out(n, inserting, timeout) from None
             finally:
                 with self._cond:
                     self._async_waiters.discard(waiter)
@@ -293,7 +316,7 @@ class RateLimiter:
         try:
             while not can(n):
                 now = time.monotonic()
-                if self.deadlock_after_s is not None and self._stuck(me):
+                if self.deadlock_after_s is not None and self._shared is None and self._stuck(me):
                     stuck_since = now if stuck_since is None else stuck_since
                     if now - stuck_since >= self.deadlock_after_s:
                         raise self._deadlocked(n, inserting)
@@ -301,7 +324,7 @@ class RateLimiter:
                     stuck_since = None
                 if deadline is not None and now >= deadline:
                     raise self._timed_out(n, inserting, timeout)
-                wait = _POLL_S if self.deadlock_after_s is not None else None
+                wait = self._poll_s if self.deadlock_after_s is not None or self._shared is not None else None
                 if deadline is not None:
                     wait = deadline - now if wait is None else min(wait, deadline - now)
                 self._cond.wait(wait)
@@ -376,13 +399,70 @@ class RateLimiter:
                 self.samples = max(0, math.floor((rows - self.min_size_to_sample) * self.samples_per_insert))
             self._changed()
 
-    # ------------------------------------------------------------------ copies
+    # ------------------------------------------------------------------ buffers
+    def attach(self, buffer: Any) -> None:
+        """Gate ``buffer``'s ``add``/``add_batch``/``sample_batch`` (they then take ``timeout=``) and add the
+        counters to its ``checkpoint_extras``: what ``ReplayBuffer(..., rate_limiter=self)`` does."""
+        from objectrl_buffer.flow.limited import Gate
+
+        Gate(buffer, self).install()
+
+    # ------------------------------------------------------------------ copies and processes
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        state.update(inserts=self.inserts, samples=self.samples, deletes=self.deletes)
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        counts = [int(state.pop(key, 0)) for key in _COUNTERS]
         self.__dict__.update(state)
+        self._counts = np.array(counts, dtype=np.int64)
+        self._shared = state.get("_shared")
         self._init_sync()
+
+    def share(self) -> str:
+        """Move the counters into a shared file (once; at the first hand-over to a child process) and
+        return its path. From then on every process holding this limiter moves and reads the same counters
+        under a lock the kernel frees if its holder dies; blocked calls poll every ~2 ms, and the deadlock
+        rule is off (parties in other processes are not seen: give blocking calls a ``timeout``)."""
+        with self._cond:
+            if self._shared is None:
+                folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+                fd, path = tempfile.mkstemp(prefix="objectrl-limiter-", dir=folder)
+                os.write(fd, self._counts.tobytes())
+                os.close(fd)
+                self._finalizer = weakref.finalize(self, _remove_file, path, os.getpid())
+                self.use_counters(path)
+            return self._shared  # type: ignore[return-value]
+
+    def use_counters(self, path: str) -> None:
+        """Move and read the counters in the shared file ``path`` (made by :meth:`share` in another process)."""
+        self._shared = path
+        self._counts = torch.from_file(path, shared=True, size=3, dtype=torch.int64).numpy()
+        self._init_sync()
+
+
+def _remove_file(path: str, pid: int) -> None:
+    if os.getpid() == pid:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _attached(cls: Any, state: dict[str, Any], path: str) -> RateLimiter:
+    limiter: RateLimiter = cls.__new__(cls)
+    limiter.__setstate__(state)
+    limiter.use_counters(path)
+    return limiter
+
+
+def _reduce_for_process(limiter: RateLimiter) -> tuple[Any, ...]:
+    """``multiprocessing``'s pickler only: the child shares this limiter's counters (``pickle`` copies them)."""
+    path = limiter.share()
+    return _attached, (type(limiter), limiter.__getstate__(), path)
+
+
+ForkingPickler.register(RateLimiter, _reduce_for_process)
 
 
 def _wake(future: asyncio.Future[None]) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import torch
 
-from objectrl_buffer.core.sync import lock_file
 from objectrl_buffer.distributed import SharedBuffer, share
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SchemaError
 from tests.support import rows
@@ -66,7 +65,7 @@ def hang_mid_write(buffer: SharedBuffer, flag: str) -> None:
 
 
 def hold_the_lock(buffer: SharedBuffer, flag: str) -> None:
-    with lock_file(buffer.slots.path + ".lock"):
+    with buffer.slots.lock:
         open(flag, "w").close()
         time.sleep(60)
 

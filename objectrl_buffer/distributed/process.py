@@ -1,0 +1,205 @@
+"""A CPU ``ReplayBuffer`` handed to child processes shares its rows with them, as torch shares tensors.
+
+Only ``multiprocessing``'s own pickler (``ForkingPickler``: ``Process`` arguments under ``spawn`` and
+``forkserver``, ``Queue``/``Pipe``/``Pool`` under every start method, ``torch.multiprocessing``) calls
+:func:`reduce_for_process`; ``pickle``, ``copy.deepcopy`` and ``torch.save`` still make independent copies.
+
+At the first such pickle the buffer *becomes shared*, in place: its rows move into a
+:class:`~objectrl_buffer.distributed.shared.SharedBuffer` (files in ``/dev/shm``; one copy of every row,
+O(rows): ~1 s per GB), it keeps its slots, counters and generator, and from then on its ``add``,
+``add_batch``, ``sample_batch``, ``len``, ``pointer`` and ``data_size`` go to the shared rows, in every
+process that holds it. The child gets a buffer of the same class attached to the same files. The parent
+owns the files (removed at its :meth:`close` or exit); a child's handle keeps its mapping until it exits.
+
+A buffer that is already shared stays shared in a ``fork`` child (``Process`` arguments under ``fork``
+are not pickled: a buffer not yet shared is the fork's private copy there, as a torch tensor is).
+
+Reads that the shared rows do not serve natively (``sample_all``, ``sample_by_index``, n-step and
+``recent`` samples, slices, epochs, ``save``, ``state_dict``) first copy the committed rows into this
+process's own storage (a snapshot, O(rows), at their shared slots) and then run as usual. ``reset``,
+``load`` and ``load_state_dict`` are refused (other processes hold the rows). Not built yet: a shared
+``PrioritizedReplayBuffer`` (its priorities would need a shared sum tree) and ``num_envs > 1``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDict
+
+from objectrl_buffer.core.keys import INDEX_KEY
+from objectrl_buffer.distributed.shared import SharedBuffer
+from objectrl_buffer.errors import InvalidArgumentError
+
+__all__ = ["reduce_for_process", "is_shared", "SharedMode"]
+
+_CLASSES: dict[type, type] = {}
+
+if TYPE_CHECKING:
+    _Base = Any
+else:
+    _Base = object
+
+
+def is_shared(buffer: Any) -> bool:
+    """Whether ``buffer`` writes and reads shared rows (it was handed to a child process)."""
+    return isinstance(buffer, SharedMode)
+
+
+class SharedMode(_Base):
+    """What a buffer's class gains once it is shared (mixed in before it; see the module docs)."""
+
+    shared: SharedBuffer
+
+    def __len__(self) -> int:
+        return len(self.shared)
+
+    pointer = property(lambda self: self.shared.pointer, doc="The next slot reserved (by any process).")
+    data_size = property(lambda self: len(self.shared), doc="Stored transitions, over every process.")
+    size = data_size
+    schema = property(lambda self: self.shared.schema, doc="Stored keys, row shapes and dtypes.")
+
+    @property
+    def total_adds(self) -> int:
+        """Rows ever added, by every process."""
+        return self.shared.reserved
+
+    def add(self, transition: Any) -> None:
+        self.shared.add(transition)
+
+    def add_batch(self, batch: Any) -> None:
+        self.shared.add_batch(batch)
+
+    def sample_batch(self, batch_size: int, **kwargs: Any) -> TensorDict:
+        if any(value is not None for key, value in kwargs.items() if key != "gamma"):
+            self.snapshot()
+            return super().sample_batch(batch_size, **kwargs)
+        out = self.shared.sample_batch(batch_size)
+        return out if self.device.type == "cpu" else out.to(self.device, non_blocking=True)
+
+    def snapshot(self) -> None:
+        """Copy the committed shared rows into this process's own storage, at their slots (O(rows))."""
+        rows = self.shared.rows()
+        engine = self.engine
+        engine.clear()
+        if rows.batch_size[0]:
+            start = int(rows[INDEX_KEY][0])
+            engine.ring.pointer = start
+            engine.add_batch(rows.exclude(INDEX_KEY))
+            engine.ring.pointer = self.shared.pointer
+
+    def _snapshot_then(name: str) -> Any:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            self.snapshot()
+            return getattr(super(), name)(*args, **kwargs)
+
+        method.__name__ = name
+        method.__doc__ = f"The buffer's ``{name}`` over a snapshot of the shared rows (see the module docs)."
+        return method
+
+    sample_all = _snapshot_then("sample_all")
+    sample_by_index = _snapshot_then("sample_by_index")
+    sample_by_index_fields = _snapshot_then("sample_by_index_fields")
+    sample_slices = _snapshot_then("sample_slices")
+    create_epoch_iterator = _snapshot_then("create_epoch_iterator")
+    get_steps_and_iterator = _snapshot_then("get_steps_and_iterator")
+    calculate_num_batches = _snapshot_then("calculate_num_batches")
+    save = _snapshot_then("save")
+    state_dict = _snapshot_then("state_dict")
+    del _snapshot_then
+
+    def _refused(self, *args: Any, **kwargs: Any) -> None:
+        raise InvalidArgumentError(
+            "reset/load/load_state_dict of a shared buffer: other processes hold its rows; "
+            "load into a new buffer (ReplayBuffer.from_checkpoint) before handing it to child processes"
+        )
+
+    reset = load = load_state_dict = _refused
+
+    def close(self) -> None:
+        self.shared.close()
+        super().close()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # plain pickle / deepcopy / torch.save: an independent, ordinary buffer of the original class
+        self.snapshot()
+        return _plain_copy, (type(self).__mro__[2], self.__getstate__())
+
+
+def _plain_copy(cls: Any, state: dict[str, Any]) -> Any:
+    buffer = cls.__new__(cls)
+    buffer.__setstate__(state)
+    return buffer
+
+
+def _shared_class(cls: type) -> type:
+    shared = _CLASSES.get(cls)
+    if shared is None:
+        shared = type(f"Shared{cls.__name__}", (SharedMode, cls), {"__module__": cls.__module__})
+        _CLASSES[cls] = shared
+    return shared
+
+
+def _check(buffer: Any) -> None:
+    if hasattr(buffer, "update_priority"):
+        raise InvalidArgumentError(
+            f"{type(buffer).__name__} cannot be shared with child processes yet (priorities would need a shared "
+            "sum tree); share a ReplayBuffer, or serve it with objectrl_buffer.distributed.RemoteBuffer"
+        )
+    if torch.device(buffer.storing_device).type != "cpu":
+        raise InvalidArgumentError(f"storing_device must be cpu to share a buffer, got {buffer.storing_device}")
+    if buffer.num_envs != 1:
+        raise InvalidArgumentError(f"a buffer with num_envs={buffer.num_envs} cannot be shared yet")
+    if buffer.schema is None:
+        raise InvalidArgumentError("a buffer shares its rows once it has a schema: add a row before handing it over")
+
+
+def become_shared(buffer: Any) -> None:
+    """Move ``buffer``'s rows into shared files and switch it to them, in place (see the module docs).
+
+    Raises:
+        InvalidArgumentError: a prioritized buffer, storage off the CPU, ``num_envs > 1`` or no schema yet.
+    """
+    if is_shared(buffer):
+        return
+    _check(buffer)
+    held = len(buffer)
+    start = buffer.pointer if held == buffer.buffer_size else 0  # the rows keep their slots
+    shared = SharedBuffer.create(buffer.schema, buffer.buffer_size, start=start)
+    if held:
+        shared.add_batch(buffer.sample_all().exclude(INDEX_KEY))
+    buffer.engine.clear()  # its own storage keeps only snapshots from now on
+    _attach(buffer, shared)
+
+
+def _attach(buffer: Any, shared: SharedBuffer) -> None:
+    buffer.__class__ = _shared_class(type(buffer))
+    buffer.__dict__["shared"] = shared
+    shared.generator = buffer.generator  # samples keep the buffer's seeded stream (a fork child reseeds)
+    buffer.__dict__.pop("add", None)
+    limiter = getattr(buffer, "rate_limiter", None)
+    if limiter is None:
+        buffer.__dict__["add"] = shared.add  # the per-step call: no extra Python frame
+    else:
+        limiter.attach(buffer)  # gate the shared methods
+
+
+def _rebuild(cls: type, folder: str, device: torch.device, settings: dict[str, Any]) -> Any:
+    """In the child: a buffer of ``cls`` attached to the shared files in ``folder``."""
+    shared = SharedBuffer(folder)
+    buffer = cls(device, "cpu", shared.capacity, **settings)
+    _attach(buffer, shared)
+    return buffer
+
+
+def reduce_for_process(buffer: Any) -> tuple[Any, ...]:
+    """``ForkingPickler``'s reduction of a buffer: share it (once), then hand over a handle on its files."""
+    become_shared(buffer)
+    settings = {
+        "shuffle": buffer.shuffle,
+        "transition_keys": buffer.transition_keys,
+        "rate_limiter": getattr(buffer, "rate_limiter", None),
+    }
+    base = type(buffer).__mro__[2]
+    return _rebuild, (base, buffer.shared.folder, buffer.device, settings)

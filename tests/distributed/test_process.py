@@ -1,0 +1,237 @@
+"""A plain CPU ReplayBuffer handed to child processes shares its rows (multiprocessing's pickler only).
+
+Every row is self-checking (each field encodes its writer and sequence number), so a torn row, a lost row
+or a wrong counter shows."""
+
+from __future__ import annotations
+
+import copy
+import io
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from objectrl_buffer.distributed.process import is_shared
+from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SchemaError
+from tests.distributed.test_shared import SLOW_ONLY, assert_consistent, tagged
+
+
+def one(writer: int, seq: int) -> dict[str, torch.Tensor]:
+    return {k: v[0] for k, v in tagged(writer, torch.tensor([seq])).items()}
+
+
+def write(buffer: ReplayBuffer, writer: int, n: int) -> None:
+    """A writer process: single adds (the per-step path) with a batch of 50 every 500 rows."""
+    seq = 0
+    while seq < n:
+        if seq % 500 == 250 and seq + 50 <= n:
+            buffer.add_batch(tagged(writer, torch.arange(seq, seq + 50)))
+            seq += 50
+            continue
+        buffer.add(one(writer, seq))
+        seq += 1
+
+
+def seeded_buffer(capacity: int, rows: int = 1) -> ReplayBuffer:
+    rb = ReplayBuffer("cpu", "cpu", capacity, seed=0)
+    for seq in range(rows):
+        rb.add(one(99, seq))
+    return rb
+
+
+def run_writers(ctx: Any, rb: ReplayBuffer, writers: int, per_writer: int) -> int:
+    procs = [ctx.Process(target=write, args=(rb, w, per_writer)) for w in range(writers)]
+    for p in procs:
+        p.start()
+    sampled = 0
+    while any(p.is_alive() for p in procs):
+        assert_consistent(rb.sample_batch(64))  # the parent samples while the children write
+        sampled += 1
+        time.sleep(0.002)
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0
+    return sampled
+
+
+def assert_all_there(rb: ReplayBuffer, writers: int, per_writer: int, before: int = 1) -> None:
+    rows = rb.sample_all()
+    assert len(rb) == rb.data_size == rows.batch_size[0] == before + writers * per_writer
+    assert rb.total_adds == before + writers * per_writer and rb.pointer == len(rb) % rb.buffer_size
+    seen = set(zip(rows["writer"].tolist(), rows["seq"].tolist(), strict=True))
+    expected = {(w, s) for w in range(writers) for s in range(per_writer)} | {(99, s) for s in range(before)}
+    assert seen == expected  # nothing lost, nothing twice
+    assert_consistent(rows)
+
+
+def share_now(rb: ReplayBuffer) -> None:
+    """Through multiprocessing's pickler once (as a Queue would), so that fork children inherit it shared."""
+    queue = mp.get_context("fork").SimpleQueue()
+    queue.put(rb)
+    queue.get().close()
+
+
+@pytest.mark.parametrize(
+    ("method", "writers", "per_writer"),
+    # a spawn child imports torch afresh (10-30 s each on a loaded 2-core machine): 1 in CI, 4 x 100k with RUN_SLOW
+    [
+        ("spawn", 1, 2_000),
+        ("fork", 4, 5_000),
+        pytest.param("spawn", 4, 100_000, marks=SLOW_ONLY),
+    ],
+)
+def test_writers_share_a_plain_buffer_while_the_parent_samples(method: str, writers: int, per_writer: int) -> None:
+    rb = seeded_buffer(writers * per_writer + 1)
+    assert not is_shared(rb)
+    if method == "fork":
+        share_now(rb)
+    run_writers(mp.get_context(method), rb, writers, per_writer)
+    assert is_shared(rb) and isinstance(rb, ReplayBuffer)
+    assert_all_there(rb, writers, per_writer)
+    rb.close()
+
+
+def take_and_write(queue: Any, writer: int, n: int, done: Any) -> None:
+    rb = queue.get()
+    write(rb, writer, n)
+    done.put(len(rb))
+
+
+def test_fork_children_share_it_through_a_queue_and_inherit_it_once_shared() -> None:
+    ctx = mp.get_context("fork")
+    rb = seeded_buffer(2_001)
+    queue, done = ctx.Queue(), ctx.Queue()
+    early = ctx.Process(target=take_and_write, args=(queue, 0, 500, done))  # forked before it was shared
+    early.start()
+    queue.put(rb)  # multiprocessing's pickler: the parent's buffer moves to shared memory here
+    assert done.get(timeout=60) >= 501
+    early.join()
+    assert is_shared(rb)
+    late = ctx.Process(target=write, args=(rb, 1, 500))  # forked after: inherits the shared buffer
+    late.start()
+    late.join()
+    assert late.exitcode == early.exitcode == 0
+    assert_all_there(rb, 2, 500)
+    rb.add(one(99, 1))
+    assert len(rb) == 1002 and rb.sample_all()["seq"][-1] == 1
+    rb.close()
+
+
+def test_torch_multiprocessing_workers_share_it() -> None:
+    import torch.multiprocessing as tmp
+
+    rb = seeded_buffer(1001)
+    tmp.spawn(write_for_spawn, args=(rb,), nprocs=1)
+    assert_all_there(rb, 1, 500)
+    rb.close()
+
+
+def write_for_spawn(rank: int, rb: ReplayBuffer) -> None:
+    write(rb, rank, 500)
+
+
+def test_pickle_deepcopy_and_torch_save_still_copy(tmp_path: Any) -> None:
+    rb = seeded_buffer(100, rows=10)
+    share_now(rb)
+    proc = mp.get_context("fork").Process(target=write, args=(rb, 1, 20))
+    proc.start()
+    proc.join()
+    assert is_shared(rb) and len(rb) == 30
+    buf = io.BytesIO()
+    torch.save(rb, buf)
+    buf.seek(0)
+    copies = [pickle.loads(pickle.dumps(rb)), copy.deepcopy(rb), torch.load(buf, weights_only=False)]
+    for c in copies:
+        assert type(c) is ReplayBuffer and not is_shared(c)
+        assert torch.equal(c.sample_all()["seq"], rb.sample_all()["seq"])
+        c.add(one(7, 7))
+        assert len(c) == 31
+    assert len(rb) == 30  # the copies are independent
+    rb.add(one(8, 8))
+    assert all(len(c) == 31 for c in copies)
+    rb.close()
+
+
+def hang_mid_add(rb: ReplayBuffer, flag: str) -> None:
+    """Reserve a slot, write half a row, never finish (the test SIGKILLs it)."""
+    seq = rb.shared.slots.reserve(1)
+    slot = torch.tensor([seq % rb.buffer_size])
+    rb.shared.slots.begin(slot)
+    rb.shared.columns["seq"][slot] = -7
+    open(flag, "w").close()
+    time.sleep(60)
+
+
+def hold_lock(rb: ReplayBuffer, flag: str) -> None:
+    with rb.shared.slots.lock:
+        open(flag, "w").close()
+        time.sleep(60)
+
+
+@pytest.mark.parametrize("kills", [4, pytest.param(20, marks=SLOW_ONLY)])
+def test_a_writer_killed_mid_write_never_blocks_the_others(kills: int, tmp_path: Any) -> None:
+    ctx = mp.get_context("fork")
+    rb = seeded_buffer(10_000)
+    share_now(rb)
+    for i in range(kills):
+        flag = str(tmp_path / f"flag{i}")
+        proc = ctx.Process(target=hang_mid_add if i % 2 == 0 else hold_lock, args=(rb, flag))
+        proc.start()
+        while not os.path.exists(flag):
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        write(rb, 1, 100)  # the lock is free again; the half-written slot is skipped
+        for _ in range(10):
+            batch = rb.sample_batch(256)
+            assert_consistent(batch)
+            assert bool((batch["seq"] >= 0).all())
+    assert rb.total_adds == 1 + 100 * kills + (kills + 1) // 2
+    assert rb.sample_all().batch_size[0] == 1 + 100 * kills
+    rb.close()
+
+
+def test_shared_buffer_refuses_what_it_cannot_do(tmp_path: Any) -> None:
+    rb = seeded_buffer(100, rows=5)
+    queue = mp.get_context("fork").SimpleQueue()
+    queue.put(rb)
+    with pytest.raises(InvalidArgumentError, match="shared buffer"):
+        rb.reset()
+    with pytest.raises(SchemaError):
+        rb.add({"seq": 1})
+    assert len(rb) == 5 and rb.total_adds == 5  # a refused add changes nothing
+    rb.save(tmp_path / "ckpt", data=True)  # a snapshot of the shared rows
+    loaded = ReplayBuffer.from_checkpoint(tmp_path / "ckpt")
+    assert torch.equal(loaded.sample_all()["seq"], rb.sample_all()["seq"])
+    per = PrioritizedReplayBuffer("cpu", "cpu", 10, seed=0)
+    per.add(one(0, 0))
+    with pytest.raises(InvalidArgumentError, match="cannot be shared"):
+        queue.put(per)
+    empty = ReplayBuffer("cpu", "cpu", 10, seed=0)
+    with pytest.raises(InvalidArgumentError, match="add a row"):
+        queue.put(empty)
+    rb.close()
+    with pytest.raises(EmptyBufferError):
+        seeded_buffer(10, rows=0).sample_batch(1)
+
+
+def test_a_full_ring_keeps_its_slots_when_shared() -> None:
+    rb = seeded_buffer(8, rows=13)  # wrapped: pointer 5
+    before = rb.sample_all()
+    pickle.loads(pickle.dumps(rb))  # a plain pickle does not share
+    assert not is_shared(rb)
+    queue = mp.get_context("fork").SimpleQueue()
+    queue.put(rb)
+    assert is_shared(rb) and rb.pointer == 5 and len(rb) == 8
+    after = rb.sample_all()
+    assert torch.equal(after["index"], before["index"]) and torch.equal(after["seq"], before["seq"])
+    assert torch.equal(rb.sample_by_index([5])["seq"], torch.tensor([5]))
+    rb.close()
+
