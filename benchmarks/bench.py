@@ -1,7 +1,7 @@
 """Side-by-side benchmark of objectrl_buffer and its peers; prints a markdown table of medians and ratios.
 
 Each (library, workload) pair runs in its own child process (``--child``) with one intra-op thread, on
-the same generated data; the parent collects the results and divides each time by the "limit"'s time
+the same generated data; the parent collects the results and divides each time by the "floor"'s time
 from the same round. See ``benchmarks/README.md`` for the workloads and how to read the table.
 
     python benchmarks/bench.py                       # everything, full sizes (several minutes)
@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-ALL_PEERS = ["limit", "objectrl_buffer", "objectrl", "torchrl", "sb3", "cpprb"]
-TITLES = {"limit": "limit", "objectrl_buffer": "objectrl_buffer", "objectrl": "ObjectRL 0.2.1"}
+ALL_PEERS = ["floor", "limit", "objectrl_buffer", "objectrl", "torchrl", "sb3", "cpprb"]
+TITLES = {"floor": "floor (NumPy ring)", "limit": "torch ring", "objectrl_buffer": "objectrl_buffer"}
+TITLES["objectrl"] = "ObjectRL 0.2.1"
 TITLES.update({"torchrl": "torchrl", "sb3": "SB3", "cpprb": "cpprb"})
 STATS = {"median": "median", "p10": "10th percentile", "min": "minimum"}
 DIR_VARIANT = "objectrl_buffer+dir"  # workload 4 again, with storage_dir: metrics get the suffix "@dir"
@@ -42,17 +43,18 @@ def _n(count: int) -> str:
 
 
 def metrics(p: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
-    """Rows of the table: (metric key, label, unit, key of the limit's metric it is divided by)."""
+    """Rows of the table: (metric key, label, unit, key of the floor's metric it is divided by)."""
     k1, k2, k3, k4, k5 = (_n(p[k]) for k in ("w1_cap", "w2_rows", "w3_rows", "w4_cap", "w5_rows"))
     return [
-        ("add_map", f"1 add, dict of tensors and Python numbers ({k1} cap)", "µs", "add_map"),
-        ("add_np", "1 add, dict of NumPy arrays and Python numbers", "µs", "add_map"),
-        ("add_td", "1 add, ObjectRL TensorDict (add call alone)", "µs", "add_map"),
+        ("add_np", f"1 add, dict of NumPy arrays and Python numbers ({k1} cap)", "µs", "add_np"),
+        ("add_map", "1 add, dict of tensors and Python numbers", "µs", "add_np"),
+        ("add_td", "1 add, ObjectRL TensorDict (add call alone)", "µs", "add_np"),
         ("td_build", "1 building that TensorDict (not in add)", "µs", None),
-        ("add_batch_map", f"2 add_batch({k2}), dict of tensors ({_n(p['w2_cap'])} cap)", "µs", "add_batch_map"),
-        ("add_batch_np", f"2 add_batch({k2}), dict of NumPy arrays", "µs", "add_batch_map"),
-        ("add_batch_td", f"2 add_batch({k2}), TensorDict", "µs", "add_batch_map"),
+        ("add_batch_np", f"2 add_batch({k2}), dict of NumPy arrays ({_n(p['w2_cap'])} cap)", "µs", "add_batch_np"),
+        ("add_batch_map", f"2 add_batch({k2}), dict of tensors", "µs", "add_batch_np"),
+        ("add_batch_td", f"2 add_batch({k2}), TensorDict", "µs", "add_batch_np"),
         ("sample", f"3 sample({p['w3_k']}) from {k3} rows", "µs", "sample"),
+        ("get_next_batch", f"3 get_next_batch({p['w3_k']}) (random-sampling phase)", "µs", "sample"),
         ("atari_add", f"4 Atari add, {k4} cap, steady state", "µs", "atari_add"),
         ("atari_add_faults", "4 Atari add: minor page faults per add", "", None),
         ("atari_sample", f"4 Atari sample({p['w4_k']})", "µs", "atari_sample"),
@@ -73,11 +75,9 @@ def metrics(p: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
     ]
 
 
-# (metric, bound on objectrl_buffer / limit) as issue 4 sets them
-TARGETS = [("add_map", 3.0), ("add_np", 3.0), ("add_td", 10.0), ("add_batch_map", 1.5), ("add_batch_np", 1.5)]
-TARGETS += [("add_batch_td", 1.5), ("sample", 1.5)]
-TARGETS += [("atari_add", 2.0), ("atari_sample", 1.3), ("atari_add@dir", 2.0), ("atari_sample@dir", 1.3)]
-TARGETS += [("epoch", 1.2), ("epoch_shuffled", 1.5), ("save", 1.5), ("load", 1.0)]
+# (metric, bound on objectrl_buffer / floor) as issue 12 sets them
+TARGETS = [("add_np", 1.5), ("add_td", 3.0), ("atari_add", 2.0), ("sample", 1.0), ("get_next_batch", 1.0)]
+TARGETS += [("load", 1.0), ("save", 1.5)]
 
 
 # ---------------------------------------------------------------------------- child side
@@ -201,9 +201,9 @@ def report(rounds: list[dict[str, dict[str, Any]]], params: dict[str, Any], peer
             value = entry[stat] if isinstance(entry, dict) else float(entry)
             values.append(value)
             base = baselines[key]
-            limit = (rnd.get("limit") or {}).get(base) if base else None
-            if isinstance(limit, dict) and limit.get(stat):
-                ratios.append(value / limit[stat])
+            floor = (rnd.get("floor") or {}).get(base) if base else None
+            if isinstance(floor, dict) and floor.get(stat):
+                ratios.append(value / floor[stat])
         return values, ratios
 
     lines = [
@@ -213,11 +213,11 @@ def report(rounds: list[dict[str, dict[str, Any]]], params: dict[str, Any], peer
         f"Storage folders (workload 4): objectrl_buffer default {atari_default_dir(params)} "
         f"({fs_type(atari_default_dir(params))}, chosen by objectrl_buffer.storage.placement); "
         f"storage_dir {atari_dir(args)} ({fs_type(atari_dir(args))}); "
-        f"limit, SB3, cpprb: anonymous memory; ObjectRL, torchrl: /dev/shm  ",
+        f"floor, torch ring, SB3, cpprb: anonymous memory; ObjectRL, torchrl: /dev/shm  ",
         f"Run: {'--quick' if args.quick else 'full sizes'}, device {args.device}, torch.set_num_threads(1), "
         f"{len(rounds)} round(s); each cell is the median over rounds of the per-round {STATS[stat]} "
-        "of per-block means (blocks of calls after warm-up); (ratio) = this library / limit in the same "
-        "round, median over rounds.",
+        "of per-block means (blocks of calls after warm-up); (ratio) = this library / the floor (NumPy ring) "
+        "in the same round, median over rounds.",
         "",
         "| workload | unit | " + " | ".join(TITLES.get(p, p) for p in columns) + " |",
         "|---|---|" + "---:|" * len(columns),
@@ -237,7 +237,7 @@ def report(rounds: list[dict[str, dict[str, Any]]], params: dict[str, Any], peer
                     notes.setdefault(peer, set()).add(str(entry))
                 elif isinstance(entry, dict) and "skipped" in entry:
                     notes.setdefault(peer, set()).add(f"{key}: {entry['skipped']}")
-    lines += ["", "Targets of issue 4 (objectrl_buffer / limit; median and range over rounds):", ""]
+    lines += ["", "Targets of issue 12 (objectrl_buffer / floor; median and range over rounds):", ""]
     lines += ["| target | bound | ratio | range | met |", "|---|---:|---:|---|---|"]
     for key, bound in TARGETS:
         _, ratios = series("objectrl_buffer", key)

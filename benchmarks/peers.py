@@ -85,6 +85,10 @@ class Peer:
     def sample(self, k: int) -> Any:
         raise NotImplementedError
 
+    def next_batch(self, k: int) -> Any:
+        """ObjectRL's ``get_next_batch(k)`` between gradient steps (random sampling)."""
+        raise Unsupported("no get_next_batch")
+
     def epoch(self, batch_size: int, shuffle: bool) -> Iterable[Any]:
         raise Unsupported("no epoch API")
 
@@ -97,6 +101,115 @@ class Peer:
     def load_unverified(self, path: str) -> None:
         """A load that skips the library's integrity checks (only objectrl_buffer has that choice)."""
         raise Unsupported("no checksums to skip")
+
+
+def save_columns(arrays: dict[str, np.ndarray], path: str) -> None:
+    """Each column's bytes to its own file, fsync each, fsync the folder: a durable save, nothing more."""
+    os.makedirs(path, exist_ok=True)
+    for k, array in arrays.items():
+        with open(os.path.join(path, k), "wb") as f:
+            f.write(np.ascontiguousarray(array).data)
+            f.flush()
+            os.fsync(f.fileno())
+    _fsync_dir(path)
+
+
+def load_columns(spec: Spec, path: str) -> tuple[dict[str, torch.Tensor], int]:
+    """Read each column file of :func:`save_columns` into a new tensor; ``(columns, rows)``."""
+    size = os.path.getsize(os.path.join(path, next(iter(spec))))
+    first_shape, first_dtype = next(iter(spec.values()))
+    rows = size // (int(np.prod(first_shape)) * first_dtype.itemsize)
+    cols = {}
+    for k, (shape, dtype) in spec.items():
+        t = torch.empty((rows, *shape), dtype=dtype)
+        with open(os.path.join(path, k), "rb") as f:
+            f.readinto(t.numpy().data.cast("B"))
+        cols[k] = t
+    return cols, rows
+
+
+class Floor(Peer):
+    """The floor: a NumPy ring, ``column[slot] = value`` per key, ``take`` to sample, raw files + fsync to save.
+
+    What a user could write by hand with no checks at all; every ratio in the table is to this. It takes
+    what a gymnasium loop holds (NumPy arrays and Python numbers) and, for the "td" form, reads ObjectRL's
+    TensorDict the cheapest way this tensordict version allows (its value dict, ``numpy()``/``item()`` per
+    value), so the ratio of that row to the NumPy row is the cost of the TensorDict alone. Samples are
+    delivered as tensors (``torch.from_numpy``), on ``device``.
+    """
+
+    name = "floor"
+    forms = ("np", "td")
+
+    def create(self, capacity: int, spec: Spec, batch_rows: int = 1) -> None:
+        self.capacity, self.spec = capacity, spec
+        self.cols = {k: torch.empty((capacity, *shape), dtype=dtype).numpy() for k, (shape, dtype) in spec.items()}
+        self.ptr = self.size = 0
+        self.rng = np.random.default_rng(0)
+
+    def convert(self, data: dict[str, Any], form: str, batched: bool) -> Any:
+        if form == "td":
+            return _tensordict(data, batched)
+        return {k: _np(v) for k, v in data.items()}
+
+    def add(self, item: Any) -> None:
+        cols, p = self.cols, self.ptr
+        if type(item) is dict:
+            for k, v in item.items():
+                cols[k][p] = v
+        else:  # ObjectRL's TensorDict: its values (the dict it keeps), each read as NumPy or a number
+            from objectrl_buffer.storage.torchrl_compat import plain_items
+
+            for k, v in plain_items(item, 0).items():  # type: ignore[union-attr]
+                cols[k][p] = v.numpy() if v.dim() else v.item()
+        self.ptr = p + 1 if p + 1 < self.capacity else 0
+        if self.size < self.capacity:
+            self.size += 1
+
+    def add_batch(self, item: Any) -> None:
+        if type(item) is not dict:
+            item = {k: v.numpy() for k, v in item.items()}
+        n = next(iter(item.values())).shape[0]
+        p, cap = self.ptr, self.capacity
+        head = min(n, cap - p)
+        for k, v in item.items():
+            col = self.cols[k]
+            col[p : p + head] = v[:head]
+            if head < n:
+                col[: n - head] = v[head:]
+        self.ptr = (p + n) % cap
+        self.size = min(self.size + n, cap)
+
+    def _deliver(self, arrays: dict[str, np.ndarray]) -> Batch:
+        out = {k: torch.from_numpy(a) for k, a in arrays.items()}
+        if self.device.type != "cpu":
+            out = {k: v.to(self.device) for k, v in out.items()}
+        return out
+
+    def sample(self, k: int) -> Batch:
+        idx = self.rng.integers(0, self.size, k)
+        return self._deliver({key: col.take(idx, axis=0) for key, col in self.cols.items()})
+
+    def next_batch(self, k: int) -> Batch:
+        return self.sample(k)
+
+    def epoch(self, batch_size: int, shuffle: bool) -> Iterator[Batch]:
+        cols = self.cols
+        if not shuffle:
+            for start in range(0, self.size, batch_size):
+                yield self._deliver({k: c[start : start + batch_size].copy() for k, c in cols.items()})
+            return
+        order = self.rng.permutation(self.size)
+        for start in range(0, self.size, batch_size):
+            idx = order[start : start + batch_size]
+            yield self._deliver({k: c.take(idx, axis=0) for k, c in cols.items()})
+
+    def save(self, path: str) -> None:
+        save_columns({k: c[: self.size] for k, c in self.cols.items()}, path)
+
+    def load(self, path: str) -> None:
+        cols, self.size = load_columns(self.spec, path)
+        self.cols = {k: c.numpy() for k, c in cols.items()}
 
 
 class Limit(Peer):
@@ -144,28 +257,16 @@ class Limit(Peer):
         for start in range(0, self.size, batch_size):
             yield self._gather(order[start : start + batch_size])
 
+    def next_batch(self, k: int) -> Batch:
+        return self.sample(k)
+
     def save(self, path: str) -> None:
         """Raw baseline: each column's bytes to its own file, fsync each, fsync the folder."""
-        os.makedirs(path, exist_ok=True)
-        for k, col in self.cols.items():
-            with open(os.path.join(path, k), "wb") as f:
-                f.write(col[: self.size].contiguous().numpy().data)
-                f.flush()
-                os.fsync(f.fileno())
-        _fsync_dir(path)
+        save_columns({k: c[: self.size].contiguous().numpy() for k, c in self.cols.items()}, path)
 
     def load(self, path: str) -> None:
         """Raw baseline: read each column file into a new preallocated tensor."""
-        size = os.path.getsize(os.path.join(path, next(iter(self.spec))))
-        first_shape, first_dtype = next(iter(self.spec.values()))
-        rows = size // (int(np.prod(first_shape)) * first_dtype.itemsize)
-        cols = {}
-        for k, (shape, dtype) in self.spec.items():
-            t = torch.empty((rows, *shape), dtype=dtype)
-            with open(os.path.join(path, k), "rb") as f:
-                f.readinto(t.numpy().data.cast("B"))
-            cols[k] = t
-        self.cols, self.size = cols, rows
+        self.cols, self.size = load_columns(self.spec, path)
 
 
 class ObjectRLAPI(Peer):
@@ -181,6 +282,13 @@ class ObjectRLAPI(Peer):
 
     def sample(self, k: int) -> Any:
         return self.rb.sample_batch(k)
+
+    def next_batch(self, k: int) -> Any:
+        """ObjectRL's per-gradient-step read: ``get_next_batch`` after a random-sampling learning phase."""
+        if getattr(self, "_phase_of", None) is not self.rb:  # once per buffer: the learning phase
+            self.rb.get_steps_and_iterator(0, 10**9, k)
+            self._phase_of = self.rb
+        return self.rb.get_next_batch(k)
 
 
 class Ours(ObjectRLAPI):
@@ -433,4 +541,4 @@ class CPPRB(Peer):
         self.rb = rb
 
 
-PEERS: dict[str, type[Peer]] = {p.name: p for p in (Limit, Ours, Upstream, TorchRL, SB3, CPPRB)}
+PEERS: dict[str, type[Peer]] = {p.name: p for p in (Floor, Limit, Ours, Upstream, TorchRL, SB3, CPPRB)}

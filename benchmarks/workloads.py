@@ -216,7 +216,17 @@ def w3_sample(peer: Peer, p: dict[str, Any]) -> dict[str, Any]:
         peer.sample(p["w3_k"])
         sync()
 
-    return {"sample": time_calls(call, p["w3_calls"], p["w3_block"], p["w3_warmup"])}
+    res = {"sample": time_calls(call, p["w3_calls"], p["w3_block"], p["w3_warmup"])}
+
+    def next_batch(i: int) -> None:
+        peer.next_batch(p["w3_k"])
+        sync()
+
+    try:
+        res["get_next_batch"] = time_calls(next_batch, p["w3_calls"], p["w3_block"], p["w3_warmup"])
+    except Unsupported as exc:
+        res["get_next_batch"] = {"skipped": str(exc)}
+    return res
 
 
 def w4_atari(peer: Peer, p: dict[str, Any]) -> dict[str, Any]:

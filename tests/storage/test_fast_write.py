@@ -49,7 +49,7 @@ def same_state(a: ReplayBuffer, b: ReplayBuffer) -> None:
         assert ra.keys() == rb_.keys()
         for key in ra:
             assert ra[key].dtype == rb_[key].dtype, key
-            assert torch.equal(ra[key], rb_[key]), key
+            torch.testing.assert_close(ra[key], rb_[key], rtol=0, atol=0, equal_nan=True, msg=key)
 
 
 # one value of each key in many forms: right, castable, wrong dtype, wrong shape, odd types
