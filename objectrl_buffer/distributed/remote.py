@@ -403,6 +403,7 @@ class Writer:
         self.max_in_flight = positive_int(max_in_flight, "max_in_flight")
         self.writer_id = uuid.uuid4().hex
         self.columns: dict[str, np.ndarray] = {}
+        self.keys: set[str] = set()
         self.filled = 0
         self.seq = 0
         #: ``(ref, shard, seq, batch, admission)`` of each batch not yet acknowledged, oldest first.
@@ -416,19 +417,28 @@ class Writer:
             InvalidArgumentError: its keys differ from the first row's (nothing queued).
         """
         row = to_numpy(transition) if isinstance(transition, TensorDictBase) else transition
-        columns = self.columns
-        if not columns:
+        if not self.columns:
             for key, value in to_numpy(row).items():
                 value = np.asarray(value)
-                columns[key] = np.empty((self.batch_size, *value.shape), dtype=value.dtype)
-        if len(row) != len(columns) or any(key not in columns for key in row):
-            raise InvalidArgumentError(f"writer.add: keys {sorted(row)} differ from the first row's {sorted(columns)}")
+                self.columns[key] = np.empty((self.batch_size, *value.shape), dtype=value.dtype)
+            self.keys = set(self.columns)
+        if row.keys() != self.keys:
+            raise InvalidArgumentError(
+                f"writer.add: keys {sorted(row)} differ from the first row's {sorted(self.keys)}"
+            )
         i = self.filled
-        for key, value in row.items():
-            columns[key][i] = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+        for key, column in self.columns.items():
+            value = row[key]
+            column[i] = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
         self.filled = i + 1
         if self.filled >= self.batch_size or time.monotonic() - self.since >= self.flush_every_s:
             self._send()
+
+    def add_batch(self, batch: TensorDictBase | Mapping[str, Any]) -> None:
+        """Send a whole batch (after the single adds queued before it) without waiting for it to be stored:
+        at most ``max_in_flight`` batches are on their way."""
+        self._send()
+        self._dispatch(to_numpy(batch))
 
     def _send(self) -> None:
         self.since = time.monotonic()
@@ -437,6 +447,9 @@ class Writer:
         batch = {key: column[: self.filled] for key, column in self.columns.items()}
         self.columns = {key: np.empty_like(column) for key, column in self.columns.items()}
         self.filled = 0
+        self._dispatch(batch)
+
+    def _dispatch(self, batch: dict[str, Any]) -> None:
         while len(self.in_flight) >= self.max_in_flight:
             self._settle()  # bounded: no refs pile up
         remote = self.remote

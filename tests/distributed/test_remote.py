@@ -125,6 +125,8 @@ def test_writer_prefetch_and_a_handle_in_a_task(local_ray: None, tmp_path: Any) 
                 writer.add({k: v[i % 300] for k, v in data.items()})
                 if i % 4 == 0:
                     next(stream)
+                if i % 50 == 0:
+                    writer.add_batch(rows(2000, 4))  # pipelined whole batches beside the single adds
         stream.close()
 
     long_run(40)
