@@ -37,8 +37,8 @@ def batch(n: int = BATCH) -> dict[str, torch.Tensor]:
     }
 
 
-def rate(write: Any, rows: int) -> float:
-    data = batch()
+def rate(write: Any, rows: int, data: Any = None) -> float:
+    data = batch() if data is None else data
     start = time.perf_counter()
     for _ in range(rows // BATCH):
         write(data)
@@ -177,21 +177,14 @@ def ray_results(rows: int, writers: int, rounds: int) -> dict[str, Any]:
         peer.extend(peer_td)
         n_batches = max(20, rows // 8 // BATCH)
         for _ in range(rounds):
-            start = time.perf_counter()
-            for _ in range(n_batches):
-                peer.extend(peer_td)
-            put("torchrl RayReplayBuffer extend(256), rows/s", n_batches * BATCH / (time.perf_counter() - start))
-            start = time.perf_counter()
-            for _ in range(n_batches):
-                remote.add_batch(numpy_data)
+            put("torchrl RayReplayBuffer extend(256), rows/s", rate(peer.extend, n_batches * BATCH, peer_td))
             put(
                 "RemoteBuffer add_batch(256) blocking, driver, rows/s",
-                n_batches * BATCH / (time.perf_counter() - start),
+                rate(remote.add_batch, n_batches * BATCH, numpy_data),
             )
             start = time.perf_counter()
-            with remote.writer(max_in_flight=4) as writer:
-                for _ in range(n_batches):
-                    writer.add_batch(numpy_data)
+            with remote.writer(max_in_flight=4) as writer:  # timed until the last batch is stored
+                rate(writer.add_batch, n_batches * BATCH, numpy_data)
             put(
                 "RemoteBuffer writer().add_batch(256) pipelined, driver, rows/s",
                 n_batches * BATCH / (time.perf_counter() - start),
