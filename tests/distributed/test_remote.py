@@ -197,7 +197,8 @@ def test_checkpoint_restart_and_exactly_once_writes(local_ray: None, tmp_path: A
     remote.kill()
 
 
-@pytest.mark.slow  # four actor starts: ~60 s on a loaded 2-core machine
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="four actor starts (~60 s on 2 busy cores): RUN_SLOW=1")
 def test_periodic_checkpoints_and_resume(local_ray: None, tmp_path: Any) -> None:
     root = str(tmp_path / "ckpt")
     remote = launch(ReplayBuffer, 100, 1, tmp_path / "s", checkpoint_path=root, checkpoint_every_s=0.2)
