@@ -1,7 +1,8 @@
 """Many writers, one buffer: rows/s into a single-process buffer, a SharedBuffer (1 and N fork writers), a
-rate-limited buffer, and a Ray RemoteBuffer (driver writes of 256-row batches, sample(256) latency).
+rate-limited buffer, and a Ray RemoteBuffer beside torchrl's RayReplayBuffer (writes of 256-row batches,
+single adds through ``writer()`` from writer actors on the node, sample(256) latency and rate, prefetch).
 
-    .venv/bin/python benchmarks/distributed_bench.py --rows 200000 --writers 2 [--no-ray]
+    PYTHONPATH=. .venv/bin/python benchmarks/distributed_bench.py --rows 200000 --writers 2 [--no-ray | --ray-only]
 
 Rows are MuJoCo-sized transitions (obs 17, action 6 float32). One run, medians of the timed rounds; the
 machine is shared, so compare numbers from one run only.
@@ -36,8 +37,8 @@ def batch(n: int = BATCH) -> dict[str, torch.Tensor]:
     }
 
 
-def rate(write: Any, rows: int) -> float:
-    data = batch()
+def rate(write: Any, rows: int, data: Any = None) -> float:
+    data = batch() if data is None else data
     start = time.perf_counter()
     for _ in range(rows // BATCH):
         write(data)
@@ -53,8 +54,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--writers", type=int, default=2)
     parser.add_argument("--no-ray", action="store_true")
+    parser.add_argument("--ray-only", action="store_true", help="only the Ray rows (RemoteBuffer vs torchrl)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each Ray measure (median, spread)")
     args = parser.parse_args()
-    results: dict[str, float] = {}
+    results: dict[str, Any] = {}
+    if args.ray_only:
+        results.update(ray_results(args.rows, args.writers, args.rounds))
+        report(results)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         rb = ReplayBuffer("cpu", "cpu", args.rows, seed=0, storage_dir=tmp)
         rate(rb.add_batch, args.rows)  # warm-up: storage reserved and pages mapped, as for the runs below
@@ -83,25 +90,160 @@ def main() -> None:
             times.append(time.perf_counter() - start)
         results["SharedBuffer sample(256) p50, ms"] = 1000 * statistics.median(times)
     if not args.no_ray:
-        import ray
+        results.update(ray_results(args.rows, args.writers, args.rounds))
+    report(results)
 
-        from objectrl_buffer.distributed import RemoteBuffer
 
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        with tempfile.TemporaryDirectory() as tmp:
-            remote = RemoteBuffer.launch(ReplayBuffer, "cpu", "cpu", args.rows, seed=0, storage_dir=tmp)
-            results["RemoteBuffer (1 shard) driver add_batch(256), rows/s"] = rate(remote.add_batch, args.rows // 4)
-            times = []
-            for _ in range(200):
-                start = time.perf_counter()
-                remote.sample_batch(BATCH)
-                times.append(time.perf_counter() - start)
-            results["RemoteBuffer sample(256) p50, ms"] = 1000 * statistics.median(times)
-            remote.kill()
-        ray.shutdown()
-    print("| measure | value |\n| --- | --- |")
+def report(results: dict[str, Any]) -> None:
+    print("| measure | value (median of rounds; spread min-max) |\n| --- | --- |")
     for name, value in results.items():
-        print(f"| {name} | {value:,.3f} |" if value < 100 else f"| {name} | {value:,.0f} |")
+        if isinstance(value, list):
+            med, low, high = statistics.median(value), min(value), max(value)
+            fmt = "{:,.3f}" if med < 100 else "{:,.0f}"
+            print(f"| {name} | {fmt.format(med)} ({fmt.format(low)}-{fmt.format(high)}) |")
+        else:
+            print(f"| {name} | {value:,.3f} |" if value < 100 else f"| {name} | {value:,.0f} |")
+
+
+# ---------------------------------------------------------------------------------------------- Ray
+def _latencies(call: Any, n: int, work_s: float = 0.0) -> tuple[float, float]:
+    """``(p50 ms, calls/s)`` of ``call()`` timed alone, with ``work_s`` of learner work between calls."""
+    times = []
+    start = time.perf_counter()
+    for _ in range(n):
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+        if work_s:
+            busy_until = time.perf_counter() + work_s
+            while time.perf_counter() < busy_until:  # a learner's step keeps its core busy
+                pass
+    return 1000 * statistics.median(times), n / (time.perf_counter() - start)
+
+
+def _row(i: int) -> dict[str, Any]:
+    import numpy as np
+
+    return {
+        "state": np.full(17, i, np.float32),
+        "action": np.zeros(6, np.float32),
+        "reward": float(i),
+        "next_state": np.zeros(17, np.float32),
+        "terminated": False,
+    }
+
+
+class WriterActor:
+    """A writer process on the node: single adds through ``handle.writer()``."""
+
+    def run(self, handle: Any, rows: int) -> tuple[float, float]:
+        start = time.time()
+        with handle.writer(batch_size=1024, max_in_flight=4) as writer:
+            for i in range(rows):
+                writer.add(_row(i))
+        return start, time.time()
+
+
+def ray_results(rows: int, writers: int, rounds: int) -> dict[str, Any]:
+    """RemoteBuffer beside torchrl's RayReplayBuffer, both served by actors of one local Ray."""
+    from functools import partial
+
+    import ray
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage
+    from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
+
+    from objectrl_buffer.distributed import RemoteBuffer
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    out: dict[str, list[float]] = {}
+
+    def put(name: str, value: float) -> None:
+        out.setdefault(name, []).append(value)
+
+    data = batch()
+    numpy_data = {k: v.numpy() for k, v in data.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        remote = RemoteBuffer.launch(ReplayBuffer, "cpu", "cpu", rows, seed=0, storage_dir=tmp)
+        two = RemoteBuffer.launch(ReplayBuffer, "cpu", "cpu", rows, num_shards=2, seed=0, storage_dir=tmp)
+        peer = RayReplayBuffer(
+            storage=partial(LazyTensorStorage, rows), batch_size=BATCH, remote_config={"num_cpus": 0}
+        )
+        peer_td = TensorDict(data, [BATCH])
+        actors = [ray.remote(WriterActor).options(num_cpus=0).remote() for _ in range(writers)]
+        ray.get([a.run.remote(remote, 8) for a in actors])  # started and warm
+        for warm in (remote.add_batch, two.add_batch, two.add_batch):
+            warm(numpy_data)
+        peer.extend(peer_td)
+        n_batches = max(20, rows // 8 // BATCH)
+        for _ in range(rounds):
+            put("torchrl RayReplayBuffer extend(256), rows/s", rate(peer.extend, n_batches * BATCH, peer_td))
+            put(
+                "RemoteBuffer add_batch(256) blocking, driver, rows/s",
+                rate(remote.add_batch, n_batches * BATCH, numpy_data),
+            )
+            start = time.perf_counter()
+            with remote.writer(max_in_flight=4) as writer:  # timed until the last batch is stored
+                rate(writer.add_batch, n_batches * BATCH, numpy_data)
+            put(
+                "RemoteBuffer writer().add_batch(256) pipelined, driver, rows/s",
+                n_batches * BATCH / (time.perf_counter() - start),
+            )
+            start = time.perf_counter()
+            with remote.writer(batch_size=1024, max_in_flight=4) as writer:
+                for i in range(n_batches * BATCH):
+                    writer.add(_row(i))
+            put("RemoteBuffer writer() single adds, driver, rows/s", n_batches * BATCH / (time.perf_counter() - start))
+            per = rows // 4 // writers
+            spans = ray.get([a.run.remote(remote, per) for a in actors])
+            wall = max(end for _, end in spans) - min(begin for begin, _ in spans)
+            put(f"RemoteBuffer writer() single adds, {writers} writer actors, rows/s (all)", per * writers / wall)
+            p50, per_s = _latencies(lambda: peer.sample(BATCH), 200)
+            put("torchrl RayReplayBuffer sample(256) p50, ms", p50)
+            put("torchrl RayReplayBuffer sample(256), samples/s", per_s)
+            p50, per_s = _latencies(lambda: remote.sample_batch(BATCH), 200)
+            put("RemoteBuffer sample_batch(256) p50, ms", p50)
+            put("RemoteBuffer sample_batch(256), samples/s", per_s)
+            p50, per_s = _latencies(lambda: two.sample_batch(BATCH), 200)
+            put("RemoteBuffer 2 shards sample_batch(256) p50, ms", p50)
+            stream = remote.prefetch(BATCH, depth=4)
+            take = partial(next, stream)
+            take()
+            p50, per_s = _latencies(take, 200)
+            put("RemoteBuffer prefetch(256, depth=4), back to back: next() p50, ms", p50)
+            put("RemoteBuffer prefetch(256, depth=4), back to back: samples/s", per_s)
+            p50, per_s = _latencies(take, 200, work_s=0.002)
+            put("RemoteBuffer prefetch(256, depth=4), 2 ms learner step: next() p50, ms", p50)
+            stream.close()
+        # where a sample's time goes: Ray's empty call, and 256 rows as NumPy vs torch through Ray
+        probe = ray.remote(_Probe).options(num_cpus=0).remote()
+        ray.get(probe.empty.remote())
+        for _ in range(rounds):
+            put("Ray empty actor call p50, ms", _latencies(lambda: ray.get(probe.empty.remote()), 200)[0])
+            put(
+                "Ray call returning 256 rows as NumPy p50, ms",
+                _latencies(lambda: ray.get(probe.rows.remote(False)), 200)[0],
+            )
+            put(
+                "Ray call returning 256 rows as torch p50, ms",
+                _latencies(lambda: ray.get(probe.rows.remote(True)), 200)[0],
+            )
+        remote.kill()
+        two.kill()
+        for actor in [*actors, probe]:
+            ray.kill(actor)
+        peer.shutdown()
+    ray.shutdown()
+    return dict(out)
+
+
+class _Probe:
+    def empty(self) -> int:
+        return 1
+
+    def rows(self, as_torch: bool) -> dict[str, Any]:
+        data = batch()
+        return data if as_torch else {k: v.numpy() for k, v in data.items()}
 
 
 if __name__ == "__main__":

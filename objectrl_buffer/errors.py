@@ -24,6 +24,7 @@ __all__ = [
     "ConcurrentUseError",
     "RateLimitTimeout",
     "RateLimitDeadlock",
+    "BufferUnavailable",
 ]
 
 
@@ -99,6 +100,12 @@ class RateLimitDeadlock(ReplayBufferError, RuntimeError):
     """A rate-limited call would wait forever: nothing can ever change the limiter's counters (no other live
     party that is not itself waiting), or the call asks for more than the limiter's window admits at once.
     Nothing changed; see :mod:`objectrl_buffer.flow` for the rule."""
+
+
+class BufferUnavailable(ReplayBufferError, ConnectionError):
+    """A remote buffer's shard (or its coordinator) stayed unreachable through every retry: its actor died for
+    good or did not come back within ``retry_timeout_s``. The message names the shard and the call; a write
+    that raised this may or may not be stored (retry it with the same writer: it is applied at most once)."""
 
 
 class CastWarning(UserWarning):

@@ -1,30 +1,36 @@
 """A buffer served by Ray actors (the ``ray`` extra): one actor per shard, a handle with the buffer's methods.
 
-``RemoteBuffer.launch(buffer_cls, *args, num_shards=..., **kwargs)`` starts ``num_shards`` actors, each
-holding ``buffer_cls(*args, **kwargs)``. Payloads travel as NumPy arrays (Ray's zero-copy path; torch tensors
-are pickled copies, 10-40x slower); Ray carries the calls.
+``RemoteBuffer.launch(buffer_cls, *args, num_shards=..., **kwargs)`` starts ``num_shards`` actors
+(:class:`~.shard.Shard`), each holding ``buffer_cls(*args, **kwargs)``, and, when a rate limiter or
+checkpoints are asked for, one :class:`~.coordinator.Coordinator` actor. Payloads travel as NumPy arrays
+(Ray's zero-copy path; torch tensors are pickled copies, 10-40x slower); Ray carries the calls.
 
 * Writes go to the shards in turn (``add``, ``add_batch``); :meth:`RemoteBuffer.writer` batches single adds
-  client-side with at most ``max_in_flight`` batches on their way.
-* :meth:`RemoteBuffer.sample_batch` splits a batch over the shards by a multinomial draw proportional to their
-  sizes (prioritized: to their priority mass ``sum (p + eps) ** alpha``), then each shard draws by its own
-  rule: every row has the probability it would have in one big buffer. Importance weights are recomputed
-  over the whole batch. ``"index"`` is global (``shard * capacity + slot``); ``"generation"`` says which
-  write of that slot was drawn.
+  client-side into preallocated columns, with at most ``max_in_flight`` batches on their way. Every write
+  carries ``(writer_id, seq)``: a write retried after a shard restart is stored exactly once.
+* :meth:`RemoteBuffer.sample_batch` is one round trip: every non-empty shard draws ``batch_size`` rows by its
+  own rule and reports its mass (rows; prioritized: ``sum (p + eps) ** alpha``), the handle splits the batch by
+  a multinomial draw proportional to the masses and keeps that many of each shard's rows: every row has
+  the probability it would have in one big buffer. Importance weights are recomputed over the whole batch.
+  ``"index"`` is global (``shard * capacity + slot``); ``"generation"`` says which write of that slot was drawn.
+  (With ``S`` shards, ``S * batch_size`` rows cross the wire: cheap for small rows, the price of one round trip.)
 * :meth:`RemoteBuffer.update_priority` ignores updates to slots rewritten since they were sampled (given the
   batch's ``"generation"``) and returns how many it applied.
-* :meth:`RemoteBuffer.prefetch` keeps ``depth`` samples in flight. A handle pickles into Ray tasks and actors.
-
-Not built yet: checkpoints of the shards together, restart from them and exactly-once retried writes
-(``checkpoint_path``/``checkpoint_every_s`` are refused), and one rate limiter for all shards.
+* :meth:`RemoteBuffer.prefetch` keeps ``depth`` samples in flight as Ray refs (no helper thread): the learner
+  finds the next batch ready while it trains on this one.
+* Faults: a call that meets a dead shard is retried (Ray restarts the actor from the last checkpoint) until
+  ``retry_timeout_s``, then :class:`~objectrl_buffer.errors.BufferUnavailable`; :attr:`RemoteBuffer.lost_rows`
+  says how many stored rows the restarts dropped. A handle pickles into Ray tasks and actors (each copy
+  writes under its own writer id).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,14 +38,14 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer.core.keys import INDEX_KEY, WEIGHT_KEY
-from objectrl_buffer.core.validate import positive_int
-from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError
+from objectrl_buffer.core.validate import positive_int, real_in
+from objectrl_buffer.distributed.coordinator import Coordinator
+from objectrl_buffer.distributed.shard import GENERATION_KEY, RAW_WEIGHT, Shard, to_numpy
+from objectrl_buffer.errors import BufferUnavailable, EmptyBufferError, InvalidArgumentError, ReplayBufferError
+from objectrl_buffer.flow.limited import batch_rows
+from objectrl_buffer.flow.limiter import RateLimiter
 
-__all__ = ["RemoteBuffer", "Shard", "Writer", "GENERATION_KEY"]
-
-#: The key of a remote sample saying which write of each slot was drawn.
-GENERATION_KEY = "generation"
-_RAW_WEIGHT = "_raw_weight"
+__all__ = ["RemoteBuffer", "Shard", "Writer", "GENERATION_KEY", "to_numpy"]
 
 
 def _ray() -> Any:
@@ -52,96 +58,37 @@ def _ray() -> Any:
     return ray
 
 
-def to_numpy(data: TensorDictBase | Mapping[str, Any]) -> dict[str, Any]:
-    """A write as flat ``{key: NumPy array or number}`` (nested keys joined by ``"."``)."""
-    items = data.items(include_nested=True, leaves_only=True) if isinstance(data, TensorDictBase) else data.items()
-    out = {}
-    for key, value in items:
-        name = ".".join(key) if isinstance(key, tuple) else key
-        out[name] = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
-    return out
-
-
-def _from_numpy(data: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in data.items()}
-
-
-def _priorities(buffer: Any) -> Any:
-    """The prioritized extra state of a buffer (its public ``checkpoint_extras``), or ``None``."""
-    return next((e for e in getattr(buffer, "checkpoint_extras", ()) if getattr(e, "name", "") == "prioritized"), None)
-
-
-class Shard:
-    """What one Ray actor runs: a buffer plus the write generation of each slot (for stale updates)."""
-
-    def __init__(self, buffer_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.buffer = buffer_cls(*args, **kwargs)
-        self.capacity = int(self.buffer.buffer_size)
-        self.written = 0
-        self.generation = np.full(self.capacity, -1, dtype=np.int64)
-
-    def _wrote(self, pointer: int, n: int) -> int:
-        keep = min(n, self.capacity)
-        seqs = np.arange(self.written + n - keep, self.written + n, dtype=np.int64)
-        self.generation[(pointer + n - keep + np.arange(keep)) % self.capacity] = seqs
-        self.written += n
-        return len(self.buffer)
-
-    def add(self, transition: Mapping[str, Any]) -> int:
-        pointer = int(self.buffer.pointer)
-        self.buffer.add(_from_numpy(transition))
-        return self._wrote(pointer, int(self.buffer.num_envs))
-
-    def add_batch(self, batch: Mapping[str, Any]) -> int:
-        pointer = int(self.buffer.pointer)
-        converted = _from_numpy(batch)
-        self.buffer.add_batch(converted)
-        first: Any = next(iter(converted.values()), None)
-        envs = int(self.buffer.num_envs)
-        n = len(first) * (envs if envs > 1 else 1) if hasattr(first, "__len__") else 0
-        return self._wrote(pointer, n)
-
-    def stats(self) -> tuple[int, float]:
-        """``(rows, mass)``: mass is the priority mass of a prioritized buffer, else the row count."""
-        priorities = _priorities(self.buffer)
-        size = len(self.buffer)
-        return size, float(priorities.index.total()) if priorities is not None and size else float(size)
-
-    def sample(self, k: int) -> dict[str, np.ndarray]:
-        batch = self.buffer.sample_batch(k)
-        out = to_numpy(batch)
-        slots = batch[INDEX_KEY]
-        out[GENERATION_KEY] = self.generation[slots.numpy()]
-        priorities = _priorities(self.buffer)
-        if priorities is not None:
-            raw = (priorities.priority.index_select(0, slots) + priorities.eps).pow(priorities.alpha)
-            out[_RAW_WEIGHT] = raw.numpy()
-        return out
-
-    def update_priority(self, slots: np.ndarray, priority: np.ndarray, generation: np.ndarray | None) -> int:
-        keep = np.ones(len(slots), dtype=bool) if generation is None else self.generation[slots] == generation
-        if keep.any():
-            self.buffer.update_priority(torch.from_numpy(slots[keep]), torch.from_numpy(priority[keep]))
-        return int(keep.sum())
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.buffer, name)(*args, **kwargs)
-
-    def get(self, name: str) -> Any:
-        return getattr(self.buffer, name)
-
-
 class RemoteBuffer:
-    """A handle on shard actors (see the module docs). Build it with :meth:`launch`."""
+    """A handle on shard actors (see the module docs). Build it with :meth:`launch`.
 
-    def __init__(self, shards: list[Any], capacity: int, beta: float | None, seed: int | None = None) -> None:
+    Attributes:
+        shards: the shard actors; capacity: rows per shard; writer_id: this handle's writer id.
+    """
+
+    def __init__(
+        self,
+        shards: list[Any],
+        capacity: int,
+        beta: float | None,
+        seed: int | None = None,
+        *,
+        coordinator: Any = None,
+        limited: bool = False,
+        num_envs: int = 1,
+        retry_timeout_s: float = 30.0,
+    ) -> None:
         self.shards, self.capacity, self.beta = shards, capacity, beta
+        self.coordinator, self.limited, self.num_envs = coordinator, limited, num_envs
+        self.retry_timeout_s = retry_timeout_s
         self.generator = torch.Generator()
         if seed is None:
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
+        self.writer_id = uuid.uuid4().hex
         self._turn = 0
+        self._seq = 0
+        self._lock = threading.Lock()
 
     @classmethod
     def launch(
@@ -151,46 +98,144 @@ class RemoteBuffer:
         num_shards: int = 1,
         checkpoint_path: str | None = None,
         checkpoint_every_s: float | None = None,
+        keep_last: int = 2,
+        rate_limiter: RateLimiter | None = None,
+        resume: bool = False,
+        max_restarts: int = 3,
+        retry_timeout_s: float = 30.0,
         actor_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> RemoteBuffer:
         """Start ``num_shards`` actors holding ``buffer_cls(*args, **kwargs)`` each (``seed`` differs per shard).
 
+        Args:
+            checkpoint_path: a folder for checkpoint cuts (:meth:`checkpoint`; restarted shards reload the last).
+            checkpoint_every_s: take a cut this often (needs ``checkpoint_path``).
+            keep_last: generations kept on disk (>= 1).
+            rate_limiter: one limiter for all shards (:mod:`objectrl_buffer.flow`); its counters join the cuts.
+            resume: start from the cut already at ``checkpoint_path`` (else the buffer starts empty).
+            max_restarts: how often Ray restarts a dead shard (``-1``: always).
+            retry_timeout_s: how long a call retries a dead shard before
+                :class:`~objectrl_buffer.errors.BufferUnavailable`.
+            actor_options: Ray options of the shard actors (default ``{"num_cpus": 0}``).
+
         Raises:
-            ImportError: Ray is not installed. InvalidArgumentError: a bad ``num_shards``; checkpointing
-                is asked for (not built yet).
+            ImportError: Ray is not installed. InvalidArgumentError: a bad argument, named.
         """
         ray = _ray()
         n = positive_int(num_shards, "num_shards")
-        if checkpoint_path is not None or checkpoint_every_s is not None:
-            raise InvalidArgumentError("checkpoint_path/checkpoint_every_s: shard checkpoints are not built yet")
-        actor = ray.remote(Shard).options(**dict(actor_options or {"num_cpus": 0}))
+        keep = positive_int(keep_last, "keep_last")
+        retry_s = real_in(retry_timeout_s, "retry_timeout_s", 0.0, float("inf"))
+        if checkpoint_every_s is not None:
+            if checkpoint_path is None:
+                raise InvalidArgumentError("checkpoint_every_s needs a checkpoint_path")
+            real_in(checkpoint_every_s, "checkpoint_every_s", 1e-3, float("inf"))
+        if resume and checkpoint_path is None:
+            raise InvalidArgumentError("resume needs a checkpoint_path")
+        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+            raise InvalidArgumentError(f"rate_limiter must be a RateLimiter, got {type(rate_limiter).__name__}")
+        root = None if checkpoint_path is None else str(checkpoint_path)
+        options = dict(actor_options or {"num_cpus": 0})
+        options.setdefault("max_restarts", max_restarts)
+        actor = ray.remote(Shard).options(**options)
         seed = kwargs.pop("seed", None)
         shards = []
         for i in range(n):
             shard_kwargs = dict(kwargs, seed=None if seed is None else seed + i)
-            shards.append(actor.remote(buffer_cls, args, shard_kwargs))
-        capacity = int(ray.get(shards[0].get.remote("buffer_size")))
+            shards.append(actor.remote(buffer_cls, args, shard_kwargs, i, root, resume))
+        capacity, num_envs = ray.get([shards[0].get.remote("buffer_size"), shards[0].get.remote("num_envs")])
         beta = ray.get(shards[0].get.remote("beta")) if hasattr(buffer_cls, "update_priority") else None
-        return cls(shards, capacity, beta, seed)
+        coordinator = None
+        if rate_limiter is not None or root is not None:
+            coord = ray.remote(Coordinator).options(num_cpus=0, max_concurrency=64, max_restarts=max_restarts)
+            coordinator = coord.remote(shards, rate_limiter, int(capacity), root, checkpoint_every_s, keep, resume)
+            ray.get(coordinator.counters.remote())  # started (and resumed) before the first write
+        return cls(
+            shards,
+            int(capacity),
+            beta,
+            seed,
+            coordinator=coordinator,
+            limited=rate_limiter is not None,
+            num_envs=int(num_envs),
+            retry_timeout_s=retry_s,
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (RemoteBuffer, (self.shards, self.capacity, self.beta))
+        settings = {
+            "coordinator": self.coordinator,
+            "limited": self.limited,
+            "num_envs": self.num_envs,
+            "retry_timeout_s": self.retry_timeout_s,
+        }
+        return (_rebuild, (self.shards, self.capacity, self.beta, settings))
+
+    # ------------------------------------------------------------------ calls that survive a shard restart
+    def retry(self, what: str, submit: Callable[[], Any]) -> Any:
+        """``ray.get(submit())``, submitted again while the actor is dead or restarting, for up to
+        ``retry_timeout_s``; errors of ours raised in the actor come out as themselves.
+
+        Raises:
+            BufferUnavailable: still failing when the time is up (``what`` names the call).
+        """
+        ray = _ray()
+        deadline = time.monotonic() + self.retry_timeout_s
+        wait = 0.01
+        while True:
+            try:
+                return ray.get(submit())
+            except ray.exceptions.RayActorError as exc:
+                if time.monotonic() >= deadline:
+                    raise BufferUnavailable(
+                        f"remote buffer: {what} failed for {self.retry_timeout_s:g}s (retry_timeout_s): {exc}"
+                    ) from None
+                time.sleep(wait)
+                wait = min(2 * wait, 0.5)
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, ReplayBufferError):
+                    raise exc.cause from None
+                raise
+
+    def next_shard(self) -> int:
+        """The number of the shard the next write goes to (the shards take writes in turn)."""
+        with self._lock:
+            self._turn += 1
+            return (self._turn - 1) % len(self.shards)
+
+    def _next(self) -> tuple[int, int]:
+        with self._lock:
+            turn, seq = self._turn % len(self.shards), self._seq
+            self._turn += 1
+            self._seq += 1
+        return turn, seq
+
+    def admission(self, shard: int, rows: int, timeout: float | None) -> Any:
+        """The limiter's admission ref of ``rows`` bound for ``shard`` (``None`` without a limiter)."""
+        if not self.limited:
+            return None
+        return self.coordinator.admit_insert.remote(shard, rows, timeout)
 
     # ------------------------------------------------------------------ writes
-    def next_shard(self) -> Any:
-        """The shard the next write goes to (the shards take writes in turn)."""
-        shard = self.shards[self._turn % len(self.shards)]
-        self._turn += 1
-        return shard
+    def add(self, transition: TensorDictBase | Mapping[str, Any], *, timeout: float | None = None) -> None:
+        """The shards' ``add``, in turn (blocking; ``timeout``: the limiter's, see :mod:`.coordinator`).
 
-    def add(self, transition: TensorDictBase | Mapping[str, Any]) -> None:
-        """The shards' ``add``, in turn (blocking)."""
-        _ray().get(self.next_shard().add.remote(to_numpy(transition)))
+        Raises:
+            RateLimitTimeout, RateLimitDeadlock: not admitted (nothing written). BufferUnavailable: see
+            :meth:`retry`. Anything the buffer's ``add`` raises (nothing written).
+        """
+        data = to_numpy(transition)
+        i, seq = self._next()
+        admitted = self.admission(i, self.num_envs, timeout)
+        self.retry(f"add to shard {i}", lambda: self.shards[i].add.remote(data, self.writer_id, seq, admitted))
 
-    def add_batch(self, batch: TensorDictBase | Mapping[str, Any]) -> None:
-        """The shards' ``add_batch``, in turn: the whole batch to one shard (blocking)."""
-        _ray().get(self.next_shard().add_batch.remote(to_numpy(batch)))
+    def add_batch(self, batch: TensorDictBase | Mapping[str, Any], *, timeout: float | None = None) -> None:
+        """The shards' ``add_batch``, in turn: the whole batch to one shard (blocking). Raises as :meth:`add`."""
+        data = to_numpy(batch)
+        i, seq = self._next()
+        admitted = self.admission(i, batch_rows(data, self.num_envs), timeout)
+        self.retry(
+            f"add_batch to shard {i}", lambda: self.shards[i].add_batch.remote(data, self.writer_id, seq, admitted)
+        )
 
     def writer(self, batch_size: int = 256, flush_every_s: float = 0.1, max_in_flight: int = 2) -> Writer:
         """A client-side batcher of single adds (see :class:`Writer`)."""
@@ -199,122 +244,252 @@ class RemoteBuffer:
     # ------------------------------------------------------------------ reads
     def stats(self) -> list[tuple[int, float]]:
         """``(rows, mass)`` of each shard."""
-        ray = _ray()
-        return list(ray.get([s.stats.remote() for s in self.shards]))
+        got = self.retry("stats", lambda: [s.stats.remote() for s in self.shards])
+        return [(rows, mass) for rows, mass, _ in got]
+
+    @property
+    def lost_rows(self) -> int:
+        """Rows the shards held that their restarts dropped: written after the last checkpoint and not re-sent."""
+        got = self.retry("stats", lambda: [s.stats.remote() for s in self.shards])
+        return sum(lost for _, _, lost in got)
 
     def __len__(self) -> int:
         return sum(rows for rows, _ in self.stats())
 
-    def sample_batch(self, batch_size: int) -> TensorDict:
+    def submit_sample(self, batch_size: int, timeout: float | None = None) -> list[Any]:
+        """The refs of one :meth:`sample_batch` (see :meth:`finish_sample`): admission, then each shard's draw."""
+        admitted = self.coordinator.admit_sample.remote(batch_size, timeout) if self.limited else None
+        return [shard.sample.remote(batch_size, admitted) for shard in self.shards]
+
+    def finish_sample(self, batch_size: int, refs: list[Any]) -> TensorDict:
+        """The batch of :meth:`submit_sample` ``refs`` (drawn again if a shard died meanwhile)."""
+        ray = _ray()
+        try:
+            got = _get_all(refs)
+        except ray.exceptions.RayActorError:
+            got = self.retry("sample_batch", lambda: [s.sample.remote(batch_size) for s in self.shards])
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, ReplayBufferError):
+                raise exc.cause from None
+            raise
+        masses = torch.tensor([mass for mass, _ in got], dtype=torch.float64)
+        if not masses.sum() > 0:
+            raise EmptyBufferError("no shard holds a row to sample")
+        if len(got) == 1:
+            counts = [batch_size]
+        else:
+            picks = torch.multinomial(masses, batch_size, replacement=True, generator=self.generator)
+            counts = torch.bincount(picks, minlength=len(self.shards)).tolist()
+        which = [i for i, c in enumerate(counts) if c]
+        parts = [{key: value[: counts[i]] for key, value in got[i][1].items()} for i in which]
+        out = {key: torch.from_numpy(np.concatenate([p[key] for p in parts])) for key in parts[0]}
+        if which != [0]:
+            offsets = [np.full(counts[i], i * self.capacity, dtype=np.int64) for i in which]
+            out[INDEX_KEY] = out[INDEX_KEY] + torch.from_numpy(np.concatenate(offsets))
+        raw = out.pop(RAW_WEIGHT, None)
+        if raw is not None and self.beta is not None:  # weights over the whole batch, as one buffer's
+            out[WEIGHT_KEY] = (raw / raw.min()).pow(-self.beta).to(torch.float32)
+        return TensorDict(out, batch_size=[batch_size]).unflatten_keys(".")
+
+    def sample_batch(self, batch_size: int, *, timeout: float | None = None) -> TensorDict:
         """``batch_size`` rows over all shards with one big buffer's probabilities (see the module docs).
 
         Raises:
-            EmptyBufferError: no shard holds a row.
+            EmptyBufferError: no shard holds a row. RateLimitTimeout, RateLimitDeadlock: not admitted.
+            BufferUnavailable: see :meth:`retry`.
         """
-        ray = _ray()
         k = positive_int(batch_size, "batch_size")
-        masses = torch.tensor([mass for _, mass in self.stats()], dtype=torch.float64)
-        if not masses.sum() > 0:
-            raise EmptyBufferError("no shard holds a row to sample")
-        picks = torch.multinomial(masses, k, replacement=True, generator=self.generator)
-        counts = torch.bincount(picks, minlength=len(self.shards)).tolist()
-        which = [i for i, c in enumerate(counts) if c]
-        parts = ray.get([self.shards[i].sample.remote(counts[i]) for i in which])
-        out: dict[str, torch.Tensor] = {}
-        for key in parts[0]:
-            out[key] = torch.from_numpy(np.concatenate([p[key] for p in parts]))
-        out[INDEX_KEY] = torch.from_numpy(
-            np.concatenate([p[INDEX_KEY] + i * self.capacity for i, p in zip(which, parts, strict=True)])
-        )
-        raw = out.pop(_RAW_WEIGHT, None)
-        if raw is not None and self.beta is not None:  # weights over the whole batch, as one buffer's
-            out[WEIGHT_KEY] = (raw / raw.min()).pow(-self.beta).to(torch.float32)
-        return TensorDict(out, batch_size=[k]).unflatten_keys(".")
+        return self.finish_sample(k, self.submit_sample(k, timeout))
 
-    def prefetch(self, batch_size: int, depth: int = 2) -> Iterator[TensorDict]:
-        """An endless iterator of samples with ``depth`` of them in flight (drawn in a helper thread)."""
-        depth = positive_int(depth, "depth")
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            queue: deque[Future[TensorDict]] = deque(pool.submit(self.sample_batch, batch_size) for _ in range(depth))
-            try:
-                while True:
-                    batch = queue.popleft().result()
-                    queue.append(pool.submit(self.sample_batch, batch_size))
-                    yield batch
-            finally:
-                for future in queue:
-                    future.cancel()
+    def prefetch(self, batch_size: int, depth: int = 2, *, timeout: float | None = None) -> Iterator[TensorDict]:
+        """An endless iterator of samples with ``depth`` of them in flight (Ray refs, dropped when taken)."""
+        k, depth = positive_int(batch_size, "batch_size"), positive_int(depth, "depth")
+        queue = deque(self.submit_sample(k, timeout) for _ in range(depth))
+        try:
+            while True:
+                refs = queue.popleft()
+                queue.append(self.submit_sample(k, timeout))
+                batch = self.finish_sample(k, refs)
+                del refs
+                yield batch
+        finally:
+            queue.clear()
 
     def update_priority(self, index: Any, priority: Any, generation: Any = None) -> int:
         """Set priorities at global ``index`` (a sample's ``"index"``); with the sample's ``"generation"``,
         slots rewritten since are skipped. Returns how many were applied."""
-        ray = _ray()
         slots = torch.as_tensor(index).reshape(-1).numpy().astype(np.int64)
         values = torch.as_tensor(priority, dtype=torch.float64).reshape(-1).numpy()
         gens = None if generation is None else torch.as_tensor(generation).reshape(-1).numpy().astype(np.int64)
         if len(values) != len(slots) or (gens is not None and len(gens) != len(slots)):
             raise InvalidArgumentError("update_priority: index, priority and generation must have one value per row")
         shard_of = slots // self.capacity
-        refs = []
-        for i in np.unique(shard_of):
+        parts = []
+        for i in np.unique(shard_of).tolist():
             if not 0 <= i < len(self.shards):
                 raise InvalidArgumentError(f"update_priority: index {int(slots[shard_of == i][0])} names no shard")
             mask = shard_of == i
-            refs.append(
-                self.shards[i].update_priority.remote(
-                    slots[mask] % self.capacity, values[mask], None if gens is None else gens[mask]
-                )
+            parts.append((i, slots[mask] % self.capacity, values[mask], None if gens is None else gens[mask]))
+        return int(
+            sum(
+                self.retry("update_priority", lambda: [self.shards[p[0]].update_priority.remote(*p[1:]) for p in parts])
             )
-        return int(sum(ray.get(refs)))
+        )
+
+    # ------------------------------------------------------------------ the rest
+    def checkpoint(self) -> int:
+        """Take a consistent cut of every shard and the limiter now (see :mod:`.coordinator`); its generation.
+
+        Raises:
+            InvalidArgumentError: launched without ``checkpoint_path``.
+        """
+        if self.coordinator is None:
+            raise InvalidArgumentError("checkpoint: launch the buffer with checkpoint_path=...")
+        return int(self.retry("checkpoint", lambda: self.coordinator.checkpoint.remote()))
+
+    def limiter_counters(self) -> dict[str, int]:
+        """The shared limiter's ``inserts``, ``samples``, ``deletes`` (empty without one)."""
+        if self.coordinator is None:
+            return {}
+        return dict(self.retry("limiter_counters", lambda: self.coordinator.counters.remote()))
+
+    def save(self, path: str, data: bool = False) -> None:
+        """Each shard's ``save`` to ``<path>.shard-<i>`` (for one consistent cut use :meth:`checkpoint`)."""
+        self.retry(
+            "save", lambda: [s.call.remote("save", f"{path}.shard-{i}", data) for i, s in enumerate(self.shards)]
+        )
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """``buffer.<name>(*args, **kwargs)`` on every shard; their results."""
-        ray = _ray()
-        return list(ray.get([s.call.remote(name, *args, **kwargs) for s in self.shards]))
+        return list(self.retry(name, lambda: [s.call.remote(name, *args, **kwargs) for s in self.shards]))
 
     def kill(self) -> None:
-        """Stop the shard actors."""
+        """Stop the shard actors (and the coordinator) for good."""
         ray = _ray()
-        for shard in self.shards:
-            ray.kill(shard)
+        for actor in [*self.shards, *([self.coordinator] if self.coordinator is not None else [])]:
+            ray.kill(actor, no_restart=True)
+
+
+def _get_all(refs: list[Any]) -> list[Any]:
+    """``ray.get`` of each ref, the first error raised only after every ref was fetched (an error left in a
+    ref that nobody fetched is logged by Ray as unhandled)."""
+    ray = _ray()
+    out, error = [], None
+    for ref in refs:
+        try:
+            out.append(ray.get(ref))
+        except Exception as exc:
+            error = error or exc
+    if error is not None:
+        raise error
+    return out
+
+
+def _rebuild(shards: list[Any], capacity: int, beta: float | None, settings: dict[str, Any]) -> RemoteBuffer:
+    return RemoteBuffer(shards, capacity, beta, **settings)
 
 
 class Writer:
     """Batches single ``add`` s client-side into ``add_batch`` calls of ``batch_size`` rows (or whatever is
-    pending after ``flush_every_s``), with at most ``max_in_flight`` batches unacknowledged. Use as a context
-    manager or call :meth:`flush`."""
+    pending after ``flush_every_s``), with at most ``max_in_flight`` batches unacknowledged; a batch that
+    meets a restarting shard is sent again under its ``(writer_id, seq)`` (stored once). Rows are copied into
+    preallocated NumPy columns (the first row fixes keys, shapes and dtypes). Use as a context manager or
+    call :meth:`flush`."""
 
     def __init__(self, remote: RemoteBuffer, batch_size: int, flush_every_s: float, max_in_flight: int) -> None:
         self.remote = remote
         self.batch_size = positive_int(batch_size, "batch_size")
-        self.flush_every_s = float(flush_every_s)
+        self.flush_every_s = real_in(flush_every_s, "flush_every_s", 0.0, float("inf"))
         self.max_in_flight = positive_int(max_in_flight, "max_in_flight")
-        self.pending: list[dict[str, Any]] = []
-        self.in_flight: deque[Any] = deque()
+        self.writer_id = uuid.uuid4().hex
+        self.columns: dict[str, np.ndarray] = {}
+        self.keys: set[str] = set()
+        self.filled = 0
+        self.seq = 0
+        #: ``(ref, shard, seq, batch, admission)`` of each batch not yet acknowledged, oldest first.
+        self.in_flight: deque[tuple[Any, int, int, dict[str, np.ndarray], Any]] = deque()
         self.since = time.monotonic()
 
     def add(self, transition: TensorDictBase | Mapping[str, Any]) -> None:
-        self.pending.append(to_numpy(transition))
-        if len(self.pending) >= self.batch_size or time.monotonic() - self.since >= self.flush_every_s:
+        """Queue one transition (sent with the next batch).
+
+        Raises:
+            InvalidArgumentError: its keys differ from the first row's (nothing queued).
+        """
+        row = to_numpy(transition) if isinstance(transition, TensorDictBase) else transition
+        if not self.columns:
+            for key, value in to_numpy(row).items():
+                value = np.asarray(value)
+                self.columns[key] = np.empty((self.batch_size, *value.shape), dtype=value.dtype)
+            self.keys = set(self.columns)
+        if row.keys() != self.keys:
+            raise InvalidArgumentError(
+                f"writer.add: keys {sorted(row)} differ from the first row's {sorted(self.keys)}"
+            )
+        i = self.filled
+        for key, column in self.columns.items():
+            value = row[key]
+            column[i] = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+        self.filled = i + 1
+        if self.filled >= self.batch_size or time.monotonic() - self.since >= self.flush_every_s:
             self._send()
+
+    def add_batch(self, batch: TensorDictBase | Mapping[str, Any]) -> None:
+        """Send a whole batch (after the single adds queued before it) without waiting for it to be stored:
+        at most ``max_in_flight`` batches are on their way."""
+        self._send()
+        self._dispatch(to_numpy(batch))
 
     def _send(self) -> None:
         self.since = time.monotonic()
-        if not self.pending:
+        if not self.filled:
             return
-        batch = {key: np.stack([np.asarray(row[key]) for row in self.pending]) for key in self.pending[0]}
-        self.pending = []
-        ray = _ray()
+        batch = {key: column[: self.filled] for key, column in self.columns.items()}
+        self.columns = {key: np.empty_like(column) for key, column in self.columns.items()}
+        self.filled = 0
+        self._dispatch(batch)
+
+    def _dispatch(self, batch: dict[str, Any]) -> None:
         while len(self.in_flight) >= self.max_in_flight:
-            ray.get(self.in_flight.popleft())  # bounded: no refs pile up
-        self.in_flight.append(self.remote.next_shard().add_batch.remote(batch))
+            self._settle()  # bounded: no refs pile up
+        remote = self.remote
+        shard = remote.next_shard()
+        entry = (None, shard, self.seq, batch, remote.admission(shard, batch_rows(batch, remote.num_envs), None))
+        self.in_flight.append((self._submit(entry), *entry[1:]))
+        self.seq += 1
+
+    def _submit(self, entry: tuple[Any, int, int, dict[str, np.ndarray], Any]) -> Any:
+        _, shard, seq, batch, admitted = entry
+        return self.remote.shards[shard].add_batch.remote(batch, self.writer_id, seq, admitted)
+
+    def _settle(self) -> None:
+        """Wait for the oldest batch. If its shard died, wait out the restart and send it and every later
+        batch again, in order (shards that stored one already acknowledge it without storing it twice).
+
+        Raises:
+            BufferUnavailable: the shard did not come back (see :meth:`RemoteBuffer.retry`).
+        """
+        ray = _ray()
+        try:
+            ray.get(self.in_flight[0][0])
+        except ray.exceptions.RayActorError:
+            old = list(self.in_flight)
+            self.in_flight.clear()
+            self.remote.retry("writer batch", lambda: self._submit(old[0]))
+            self.in_flight.extend((self._submit(entry), *entry[1:]) for entry in old[1:])
+            return
+        except ray.exceptions.RayTaskError as exc:
+            self.in_flight.popleft()
+            if isinstance(exc.cause, ReplayBufferError):
+                raise exc.cause from None
+            raise
+        self.in_flight.popleft()
 
     def flush(self) -> None:
         """Send what is pending and wait until every batch is stored."""
         self._send()
-        ray = _ray()
         while self.in_flight:
-            ray.get(self.in_flight.popleft())
+            self._settle()
 
     def __enter__(self) -> Writer:
         return self

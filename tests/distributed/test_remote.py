@@ -1,8 +1,12 @@
 """RemoteBuffer over a local Ray: sharded sampling with one buffer's distribution, priorities across shards,
-stale priority updates ignored, batched writers, prefetch, and the handle inside a Ray task."""
+stale priority updates ignored, batched writers, prefetch (no refs left behind), the handle inside a Ray task,
+one rate limiter for all shards, checkpoint cuts, shard restarts with exactly-once retried writes."""
 
 from __future__ import annotations
 
+import gc
+import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +15,14 @@ import torch
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.distributed.remote import GENERATION_KEY, RemoteBuffer
-from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError
+from objectrl_buffer.errors import (
+    BufferUnavailable,
+    EmptyBufferError,
+    InvalidArgumentError,
+    RateLimitDeadlock,
+    RateLimitTimeout,
+)
+from objectrl_buffer.flow import MinSize, Queue
 from tests.support import rows
 
 ray = pytest.importorskip("ray")
@@ -102,9 +113,102 @@ def test_writer_prefetch_and_a_handle_in_a_task(local_ray: None, tmp_path: Any) 
     stream.close()
     assert all(b.batch_size == torch.Size([32]) for b in batches)
     assert remote.call("__len__") == [64 + 64 + 44 + 50, 64 + 64]  # batches go to the shards in turn
+
+    def live_refs() -> int:
+        gc.collect()
+        return sum(isinstance(o, ray.ObjectRef) for o in gc.get_objects())
+
+    def long_run(n: int) -> None:  # prefetch and a writer side by side, as a learner and an actor would
+        stream = remote.prefetch(16, depth=3)
+        with remote.writer(batch_size=8, flush_every_s=10, max_in_flight=3) as writer:
+            for i in range(n):
+                writer.add({k: v[i % 300] for k, v in data.items()})
+                if i % 4 == 0:
+                    next(stream)
+                if i % 50 == 0:
+                    writer.add_batch(rows(2000, 4))  # pipelined whole batches beside the single adds
+        stream.close()
+
+    long_run(40)
+    before = live_refs()
+    long_run(400)
+    assert live_refs() <= before  # nothing kept from the longer run
     remote.kill()
 
 
-def test_checkpointing_is_refused_until_built(local_ray: None, tmp_path: Any) -> None:
-    with pytest.raises(InvalidArgumentError, match="not built yet"):
-        launch(ReplayBuffer, 10, 1, tmp_path, checkpoint_path=str(tmp_path / "c"))
+def shard_steps(remote: RemoteBuffer) -> list[int]:
+    """The transition ids the shards hold (``rows``'s ``step`` // 1000), sorted."""
+    return sorted(int(s) // 1000 for part in remote.call("sample_all") for s in part["step"].reshape(-1).tolist())
+
+
+def test_one_rate_limiter_for_all_shards(local_ray: None, tmp_path: Any) -> None:
+    remote = launch(ReplayBuffer, 100, 2, tmp_path / "s", rate_limiter=Queue(10))
+    remote.add_batch(rows(0, 6))  # shard 0
+    remote.add_batch(rows(6, 4))  # shard 1: 10 rows not yet sampled in all
+    with pytest.raises(RateLimitTimeout):
+        remote.add_batch(rows(10, 1), timeout=0.2)
+    with pytest.raises(RateLimitTimeout):
+        remote.add({k: v[0] for k, v in rows(10, 1).items()}, timeout=0.1)
+    assert len(remote) == 10  # nothing written by the refused calls
+    with pytest.raises(RateLimitDeadlock):
+        remote.sample_batch(11, timeout=5)  # more than the window: refused at once, not after 5 s
+    assert remote.sample_batch(4, timeout=1).batch_size == torch.Size([4])
+    remote.add_batch(rows(10, 4), timeout=1)  # 4 sampled: room for 4 more, whichever shard
+    assert remote.limiter_counters() == {"inserts": 14, "samples": 4, "deletes": 0}
+    stream = remote.prefetch(2, depth=2, timeout=1)
+    assert next(stream).batch_size == torch.Size([2])
+    stream.close()
+    remote.kill()
+
+
+def test_checkpoint_restart_and_exactly_once_writes(local_ray: None, tmp_path: Any) -> None:
+    root = str(tmp_path / "ckpt")
+    remote = launch(ReplayBuffer, 1000, 1, tmp_path / "s", checkpoint_path=root, keep_last=2, rate_limiter=MinSize(1))
+    remote.add_batch(rows(0, 100))
+    assert [remote.checkpoint() for _ in range(3)] == [1, 2, 3]
+    assert sorted(n for n in os.listdir(root) if n.startswith("gen-")) == ["gen-000000000002", "gen-000000000003"]
+    remote.add_batch(rows(100, 20))  # acknowledged after the cut: lost with the shard
+    shard = remote.shards[0]
+    unacked = {k: v.numpy() for k, v in rows(200, 10).items()}
+    ray.get(shard.add_batch.remote(unacked, "w", 1))  # stored, as if its acknowledgement never came back
+    writer = remote.writer(batch_size=10, flush_every_s=100, max_in_flight=8)
+    for i in range(30):  # batches in flight when the shard dies: those that fail are sent again
+        writer.add({k: v[i] for k, v in rows(300, 30).items()})
+    ray.kill(shard, no_restart=False)
+    remote.add_batch(rows(400, 5))  # meets the dead shard: retried until Ray restarted it
+    writer.flush()
+    for _ in range(2):  # the write retried after the restart, twice: stored once, no longer lost
+        ray.get(shard.add_batch.remote(unacked, "w", 1))
+    steps = shard_steps(remote)
+    assert len(steps) == len(set(steps)) == len(remote)  # nothing stored twice
+    from_writer = [s for s in steps if 300 <= s < 330]
+    assert steps == list(range(100)) + list(range(200, 210)) + from_writer + list(range(400, 405))
+    assert remote.lost_rows == 20 + 30 - len(from_writer)  # what the shard had acknowledged after the cut
+    # the limiter's counters are in the cut: a restarted coordinator resumes from them
+    remote.checkpoint()
+    counted = remote.limiter_counters()
+    ray.kill(remote.coordinator, no_restart=False)
+    assert remote.limiter_counters() == counted
+    # a shard that never comes back: a clear error once the retries run out
+    remote.retry_timeout_s = 0.3
+    ray.kill(remote.shards[0], no_restart=True)
+    with pytest.raises(BufferUnavailable, match="add_batch to shard 0"):
+        remote.add_batch(rows(500, 1))
+    remote.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="four actor starts (~60 s on 2 busy cores): RUN_SLOW=1")
+def test_periodic_checkpoints_and_resume(local_ray: None, tmp_path: Any) -> None:
+    root = str(tmp_path / "ckpt")
+    remote = launch(ReplayBuffer, 100, 1, tmp_path / "s", checkpoint_path=root, checkpoint_every_s=0.2)
+    remote.add_batch(rows(0, 7))
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(root, "checkpoint.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    remote.kill()
+    resumed = launch(ReplayBuffer, 100, 1, tmp_path / "s2", checkpoint_path=root, resume=True)
+    assert len(resumed) == 7
+    resumed.kill()
+    with pytest.raises(InvalidArgumentError, match="checkpoint_every_s needs a checkpoint_path"):
+        launch(ReplayBuffer, 10, 1, tmp_path, checkpoint_every_s=1.0)

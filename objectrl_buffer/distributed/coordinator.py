@@ -1,0 +1,136 @@
+"""The one place a remote buffer's shards share: its rate limiter and its checkpoint cuts (a Ray actor).
+
+* Rate limiting: the handle asks :meth:`Coordinator.admit_insert` / :meth:`Coordinator.admit_sample` and
+  passes the answer's Ray ref as an argument of the shard call, so the shard runs the write (or the draw)
+  only once it is admitted, and the caller waits once, not twice. The limiter is the user's
+  :class:`~objectrl_buffer.flow.RateLimiter` (Reverb's rules; a batch is admitted all at once or not at all);
+  evictions are counted per shard (a shard holds at most its capacity). Blocked calls wait in the actor's
+  threads; over Ray the limiter cannot tell who may still call it, so its thread-based deadlock rule is off
+  and a wait ends by admission or by its ``timeout``; a call larger than the limiter's window is refused at
+  once (:class:`~objectrl_buffer.errors.RateLimitDeadlock`).
+* Checkpoints (:meth:`Coordinator.checkpoint`, also every ``checkpoint_every_s`` seconds): admissions pause,
+  the limiter's counters are read, every shard saves (in parallel), the manifest naming the generation is
+  written atomically (the commit point), the shards drop their journals up to it, admissions resume, and
+  generations beyond the last ``keep_last`` are removed. A write admitted before the cut and stored after
+  it is counted by the limiter but not in the shard's checkpoint: if that shard dies, its writer's retry
+  stores it again without counting it twice.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+from typing import Any
+
+from objectrl_buffer.distributed.cut import generation_folder, prune, read_manifest, write_manifest
+from objectrl_buffer.flow.limiter import RateLimiter
+
+__all__ = ["Coordinator"]
+
+
+class Coordinator:
+    """Limiter and checkpoint cuts of ``shards`` (Ray actor handles of :class:`~.shard.Shard`).
+
+    Args:
+        limiter: the rate limiter (``None``: none; admissions return at once).
+        capacity: rows one shard holds (evictions beyond it count as the limiter's deletes).
+        root, every_s, keep_last: ``checkpoint_path``, ``checkpoint_every_s`` and how many generations to keep.
+        resume: start from the manifest's counters (a restart of this actor always does).
+    """
+
+    def __init__(
+        self,
+        shards: list[Any],
+        limiter: RateLimiter | None,
+        capacity: int,
+        root: str | None = None,
+        every_s: float | None = None,
+        keep_last: int = 2,
+        resume: bool = False,
+    ) -> None:
+        import ray
+
+        self.shards, self.capacity, self.root, self.keep_last = shards, capacity, root, keep_last
+        self.limiter = copy.copy(limiter)
+        if self.limiter is not None:
+            self.limiter.deadlock_after_s = None  # see the module docs
+        self.rows = [0] * len(shards)
+        self.generation = 0
+        self.kept: list[int] = []
+        self.gate = threading.Lock()  # held by a cut: admissions wait for it
+        if root is not None:
+            os.makedirs(root, exist_ok=True)
+            manifest = read_manifest(root)
+            if manifest is not None and (resume or ray.get_runtime_context().was_current_actor_reconstructed):
+                self._adopt(manifest)
+        if root is not None and every_s is not None:
+            threading.Thread(target=self._every, args=(every_s,), daemon=True).start()
+
+    def _adopt(self, manifest: dict[str, Any]) -> None:
+        self.generation = manifest["generation"]
+        self.kept = list(manifest.get("kept", [self.generation]))
+        self.rows = list(manifest["rows"])
+        values = manifest.get("limiter")
+        if self.limiter is not None and values:
+            self.limiter.check({}, values, sum(self.rows), os.path.join(str(self.root), "checkpoint.json"))
+            self.limiter.restore({}, values)
+
+    def _every(self, every_s: float) -> None:
+        while True:
+            time.sleep(every_s)
+            try:
+                self.checkpoint()
+            except Exception:
+                continue
+
+    # ------------------------------------------------------------------ rate limiting
+    def admit_insert(self, shard: int, n: int, timeout: float | None) -> bool:
+        """Wait until ``n`` rows bound for ``shard`` are admitted, then count them (and what they evict).
+
+        Raises:
+            RateLimitTimeout, RateLimitDeadlock: not admitted (nothing counted).
+        """
+        with self.gate:
+            pass
+        if self.limiter is not None and n > 0:
+            self.limiter.insert(n, timeout)
+            held = self.rows[shard] + n
+            self.rows[shard] = min(held, self.capacity)
+            if held > self.capacity:
+                self.limiter.delete(held - self.capacity)
+        return True
+
+    def admit_sample(self, n: int, timeout: float | None) -> bool:
+        """Wait until ``n`` samples are admitted, then count them. Raises as :meth:`admit_insert`."""
+        with self.gate:
+            pass
+        if self.limiter is not None:
+            self.limiter.sample(n, timeout)
+        return True
+
+    def counters(self) -> dict[str, int]:
+        """The limiter's ``inserts``, ``samples`` and ``deletes`` (empty without a limiter)."""
+        if self.limiter is None:
+            return {}
+        _, values = self.limiter.state()
+        return {key: int(values[key]) for key in ("inserts", "samples", "deletes")}
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self) -> int:
+        """Take one consistent cut of every shard and the limiter (see the module docs); its generation."""
+        import ray
+
+        assert self.root is not None
+        with self.gate:
+            generation = self.generation + 1
+            os.makedirs(generation_folder(self.root, generation), exist_ok=True)
+            limiter = self.limiter.state()[1] if self.limiter is not None else {}
+            rows = ray.get([shard.checkpoint.remote(generation) for shard in self.shards])
+            kept = [*self.kept, generation][-self.keep_last :]
+            write_manifest(self.root, {"generation": generation, "rows": rows, "limiter": limiter, "kept": kept})
+            self.generation, self.kept = generation, kept
+            ray.get([shard.commit.remote(generation) for shard in self.shards])
+        prune(self.root, set(kept))
+        return generation

@@ -1,0 +1,84 @@
+"""The checkpoint cut of a remote buffer: one folder per generation, one manifest naming the newest.
+
+``checkpoint_path/`` holds
+
+* ``gen-<12 digits>/shard-<i>.metadata`` (+ its data folder): each shard's full checkpoint, written by the
+  library's crash-safe :meth:`~objectrl_buffer.ReplayBuffer.save` (``data=True``);
+* ``checkpoint.json``: the manifest, replaced atomically (:func:`~objectrl_buffer.checkpoint.io.atomic_write`)
+  only after every shard of a generation is durable: it names the generation, the shards' row counts and
+  the rate limiter's counters. A generation the manifest does not name is never loaded;
+* ``shard-<i>.journal``: what each shard wrote since its last committed checkpoint (``writer seq rows
+  written``, one line per write, not fsynced: it survives the death of the process, which is what it is for).
+
+Loading reads JSON only (nothing is unpickled).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from typing import Any, BinaryIO
+
+from objectrl_buffer.checkpoint.io import atomic_write, read_small_file
+from objectrl_buffer.errors import CheckpointError
+
+__all__ = ["MANIFEST", "generation_folder", "shard_path", "journal_path", "read_manifest", "write_manifest", "prune"]
+
+MANIFEST = "checkpoint.json"
+_FOLDER = re.compile(r"gen-(\d{12})")
+_LIMIT = 1 << 20
+
+
+def generation_folder(root: str, generation: int) -> str:
+    """The folder of checkpoint generation ``generation`` under ``root``."""
+    return os.path.join(root, f"gen-{generation:012d}")
+
+
+def shard_path(root: str, generation: int, shard: int) -> str:
+    """The ``save`` path of shard ``shard`` in generation ``generation``."""
+    return os.path.join(generation_folder(root, generation), f"shard-{shard}")
+
+
+def journal_path(root: str, shard: int) -> str:
+    """The write journal of shard ``shard``."""
+    return os.path.join(root, f"shard-{shard}.journal")
+
+
+def read_manifest(root: str) -> dict[str, Any] | None:
+    """The manifest under ``root``, or ``None`` when there is none yet.
+
+    Raises:
+        CheckpointError: it is not a manifest of this format (the message names the file).
+    """
+    path = os.path.join(root, MANIFEST)
+    try:
+        payload = read_small_file(path, _LIMIT)
+    except FileNotFoundError:
+        return None
+    try:
+        manifest = json.loads(payload)
+        if not (isinstance(manifest, dict) and manifest.get("format") == 1 and isinstance(manifest["generation"], int)):
+            raise ValueError("not format 1")
+        return manifest
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"'{path}' is not a remote-buffer manifest: {exc}") from None
+
+
+def write_manifest(root: str, manifest: dict[str, Any]) -> None:
+    """Atomically replace the manifest under ``root`` (the commit point of a generation)."""
+    body = json.dumps(dict(manifest, format=1), sort_keys=True).encode()
+
+    def write(f: BinaryIO) -> None:
+        f.write(body)
+
+    atomic_write(os.path.join(root, MANIFEST), write)
+
+
+def prune(root: str, keep: set[int]) -> None:
+    """Remove the generation folders under ``root`` not in ``keep`` (older ones, or a cut never committed)."""
+    for name in os.listdir(root):
+        match = _FOLDER.fullmatch(name)
+        if match and int(match.group(1)) not in keep:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)

@@ -1,0 +1,247 @@
+"""What one shard actor of a :class:`~objectrl_buffer.distributed.remote.RemoteBuffer` runs.
+
+A :class:`Shard` holds a buffer plus
+
+* the write generation of each slot (which write of a slot a sample drew, for stale priority updates);
+* the last ``seq`` applied per writer id: a write carries ``(writer_id, seq)`` and one whose ``seq`` is not
+  above the last applied is acknowledged without being stored again (a retried batch applies exactly once,
+  as each writer sends its batches to a shard in order and retries them in order);
+* a journal of its writes since the last committed checkpoint (:mod:`.cut`).
+
+All three ride in the buffer's full checkpoints as the extra state ``"remote_shard"`` (:class:`ShardState`).
+When Ray restarts a dead shard, the actor is constructed again: it loads the generation the manifest names,
+and counts as lost the rows its journal says it wrote after that checkpoint; a retried write of one of them
+is stored again and no longer counted lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from objectrl_buffer.checkpoint.extras import Arrays, Values
+from objectrl_buffer.checkpoint.manifest import ExtraValue
+from objectrl_buffer.core.keys import INDEX_KEY
+from objectrl_buffer.distributed.cut import journal_path, read_manifest, shard_path
+from objectrl_buffer.errors import CheckpointError
+from objectrl_buffer.flow.limited import batch_rows
+
+__all__ = ["Shard", "ShardState", "GENERATION_KEY", "RAW_WEIGHT", "to_numpy"]
+
+#: The key of a remote sample saying which write of each slot was drawn.
+GENERATION_KEY = "generation"
+#: ``(p + eps) ** alpha`` of each drawn row of a prioritized shard (the handle turns it into weights).
+RAW_WEIGHT = "_raw_weight"
+
+
+def to_numpy(data: TensorDictBase | Mapping[str, Any]) -> dict[str, Any]:
+    """A write as flat ``{key: NumPy array or number}`` (nested keys joined by ``"."``)."""
+    items = data.items(include_nested=True, leaves_only=True) if isinstance(data, TensorDictBase) else data.items()
+    out = {}
+    for key, value in items:
+        name = ".".join(key) if isinstance(key, tuple) else key
+        out[name] = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+    return out
+
+
+def _from_numpy(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in data.items()}
+
+
+def _priorities(buffer: Any) -> Any:
+    """The prioritized extra state of a buffer (its public ``checkpoint_extras``), or ``None``."""
+    return next((e for e in getattr(buffer, "checkpoint_extras", ()) if getattr(e, "name", "") == "prioritized"), None)
+
+
+class ShardState:
+    """The extra state ``"remote_shard"``: slot generations (array ``[capacity]`` int64), rows ever written,
+    and the last ``seq`` applied per writer (a JSON object in one string value)."""
+
+    name = "remote_shard"
+
+    def __init__(self, capacity: int) -> None:
+        self.generation = np.full(capacity, -1, dtype=np.int64)
+        self.written = 0
+        self.seqs: dict[str, int] = {}
+
+    def state(self) -> tuple[Arrays, dict[str, ExtraValue]]:
+        return {"generation": torch.from_numpy(self.generation.copy())}, {
+            "written": self.written,
+            "writers": json.dumps(self.seqs),
+        }
+
+    def check(self, arrays: Arrays, values: Values, rows: int, source: str) -> None:
+        gen = arrays.get("generation")
+        if gen is None or tuple(gen.shape) != self.generation.shape or not isinstance(values.get("written"), int):
+            raise CheckpointError(f"'{source}': no remote_shard state of a shard of {len(self.generation)} slots")
+        try:
+            seqs = json.loads(str(values["writers"]))
+        except (KeyError, ValueError):
+            raise CheckpointError(f"'{source}': bad remote_shard writers") from None
+        if not (isinstance(seqs, dict) and all(isinstance(v, int) for v in seqs.values())):
+            raise CheckpointError(f"'{source}': bad remote_shard writers")
+
+    def restore(self, arrays: Arrays, values: Values) -> None:
+        self.generation = arrays["generation"].numpy().astype(np.int64, copy=True)
+        self.written = int(values["written"])
+        self.seqs = dict(json.loads(str(values["writers"])))
+
+
+class Shard:
+    """One shard: ``buffer_cls(*args, **kwargs)`` and its bookkeeping (see the module docs).
+
+    Args:
+        index: this shard's number (names its checkpoint files).
+        checkpoint_root: the remote buffer's ``checkpoint_path`` (``None``: no checkpoints, nothing to reload).
+        resume: load the manifest's generation even on a first start (a restart always does).
+    """
+
+    def __init__(
+        self,
+        buffer_cls: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        index: int = 0,
+        checkpoint_root: str | None = None,
+        resume: bool = False,
+    ) -> None:
+        self.buffer = buffer_cls(*args, **kwargs)
+        self.capacity = int(self.buffer.buffer_size)
+        self.num_envs = int(self.buffer.num_envs)
+        self.state = ShardState(self.capacity)
+        self.buffer.checkpoint_extras.append(self.state)
+        self.index, self.root = index, checkpoint_root
+        self.lost = 0  # rows written since the last checkpoint that a restart dropped (and nobody re-sent)
+        self.pending_lost: dict[tuple[str, int], int] = {}
+        self.saved_written: dict[int, int] = {}  # generation -> rows written when this shard saved it
+        self.journal: Any = None
+        if checkpoint_root is not None:
+            import ray
+
+            os.makedirs(checkpoint_root, exist_ok=True)
+            if resume or ray.get_runtime_context().was_current_actor_reconstructed:
+                self._reload()
+            self.journal = open(journal_path(checkpoint_root, index), "a", buffering=1)  # noqa: SIM115
+
+    def _reload(self) -> None:
+        assert self.root is not None
+        manifest = read_manifest(self.root)
+        if manifest is not None:
+            self.buffer.load(shard_path(self.root, manifest["generation"], self.index), progress=False)
+        try:
+            with open(journal_path(self.root, self.index)) as f:
+                lines = [line.split() for line in f if line.endswith("\n")]
+        except FileNotFoundError:
+            lines = []
+        for writer, seq, rows, written in lines:  # writes after the checkpoint: gone with the process
+            if int(written) > self.state.written:
+                self.pending_lost[(writer, int(seq))] = int(rows)
+        self.lost = sum(self.pending_lost.values())
+
+    # ------------------------------------------------------------------ writes
+    def _wrote(self, pointer: int, n: int) -> None:
+        state = self.state
+        keep = min(n, self.capacity)
+        seqs = np.arange(state.written + n - keep, state.written + n, dtype=np.int64)
+        state.generation[(pointer + n - keep + np.arange(keep)) % self.capacity] = seqs
+        state.written += n
+
+    def _applied(self, writer: str | None, seq: int) -> bool:
+        return writer is not None and seq <= self.state.seqs.get(writer, -1)
+
+    def _record(self, writer: str | None, seq: int, n: int) -> None:
+        if writer is None:
+            return
+        self.state.seqs[writer] = seq
+        if self.journal is not None:
+            self.journal.write(f"{writer} {seq} {n} {self.state.written}\n")
+        restored = self.pending_lost.pop((writer, seq), 0)
+        self.lost -= restored
+
+    def add(self, transition: Mapping[str, Any], writer: str | None = None, seq: int = 0, _admitted: Any = None) -> int:
+        """Store one transition (``num_envs`` rows) unless ``(writer, seq)`` was applied; rows written."""
+        if not self._applied(writer, seq):
+            pointer = int(self.buffer.pointer)
+            self.buffer.add(_from_numpy(transition))
+            self._wrote(pointer, self.num_envs)
+            self._record(writer, seq, self.num_envs)
+        return self.state.written
+
+    def add_batch(
+        self, batch: Mapping[str, Any], writer: str | None = None, seq: int = 0, _admitted: Any = None
+    ) -> int:
+        """Store a batch unless ``(writer, seq)`` was applied; rows written (``_admitted``: the limiter's
+        admission, a Ray dependency that runs this call only once the limiter admitted it)."""
+        if not self._applied(writer, seq):
+            pointer = int(self.buffer.pointer)
+            self.buffer.add_batch(_from_numpy(batch))
+            n = batch_rows(batch, self.num_envs)
+            self._wrote(pointer, n)
+            self._record(writer, seq, n)
+        return self.state.written
+
+    # ------------------------------------------------------------------ reads
+    def stats(self) -> tuple[int, float, int]:
+        """``(rows, mass, lost)``: mass is the priority mass of a prioritized buffer, else the row count."""
+        priorities = _priorities(self.buffer)
+        size = len(self.buffer)
+        mass = float(priorities.index.total()) if priorities is not None and size else float(size)
+        return size, mass, self.lost
+
+    def sample(self, k: int, _admitted: Any = None) -> tuple[float, dict[str, np.ndarray] | None]:
+        """``(mass, k rows drawn by the buffer's own rule)``; ``(0.0, None)`` when empty."""
+        _, mass, _ = self.stats()
+        if not mass > 0:
+            return 0.0, None
+        batch = self.buffer.sample_batch(k)
+        out = to_numpy(batch)
+        slots = batch[INDEX_KEY]
+        out[GENERATION_KEY] = self.state.generation[slots.numpy()]
+        priorities = _priorities(self.buffer)
+        if priorities is not None:
+            raw = (priorities.priority.index_select(0, slots) + priorities.eps).pow(priorities.alpha)
+            out[RAW_WEIGHT] = raw.numpy()
+        return mass, out
+
+    def update_priority(self, slots: np.ndarray, priority: np.ndarray, generation: np.ndarray | None) -> int:
+        """Set priorities at local ``slots``, skipping those rewritten since ``generation``; how many applied."""
+        current = self.state.generation
+        keep = np.ones(len(slots), dtype=bool) if generation is None else current[slots] == generation
+        if keep.any():
+            self.buffer.update_priority(torch.from_numpy(slots[keep]), torch.from_numpy(priority[keep]))
+        return int(keep.sum())
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self, generation: int) -> int:
+        """Save this shard into ``generation``'s folder (durable when this returns); rows held."""
+        assert self.root is not None
+        self.buffer.save(shard_path(self.root, generation, self.index), data=True, progress=False)
+        self.saved_written[generation] = self.state.written
+        return len(self.buffer)
+
+    def commit(self, generation: int) -> None:
+        """The manifest names ``generation`` now: drop journal lines it covers, forget older saves."""
+        assert self.root is not None and self.journal is not None
+        covered = self.saved_written.get(generation, 0)
+        self.saved_written = {g: w for g, w in self.saved_written.items() if g > generation}
+        path = journal_path(self.root, self.index)
+        self.journal.close()
+        with open(path) as f:
+            keep = [line for line in f if line.endswith("\n") and int(line.split()[3]) > covered]
+        with open(path + ".tmp", "w") as f:
+            f.writelines(keep)
+        os.replace(path + ".tmp", path)
+        self.journal = open(path, "a", buffering=1)  # noqa: SIM115
+
+    # ------------------------------------------------------------------ anything else
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.buffer, name)(*args, **kwargs)
+
+    def get(self, name: str) -> Any:
+        return getattr(self.buffer, name)
