@@ -28,6 +28,7 @@ pytest.importorskip("gymnasium")
 pytest.importorskip("tqdm")
 
 from objectrl_buffer.flow import SampleToInsertRatio
+from tests.support import loaded_script
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "apex_dqn.py"
@@ -35,13 +36,8 @@ EXAMPLE = ROOT / "examples" / "apex_dqn.py"
 
 @pytest.fixture(scope="module")
 def apex() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("apex_dqn", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["apex_dqn"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("apex_dqn", None)
+    with loaded_script(EXAMPLE, "apex_dqn") as module:
+        yield module
 
 
 def test_apex_epsilons(apex: ModuleType) -> None:
