@@ -48,6 +48,15 @@ def test_apex_epsilons(apex: ModuleType) -> None:
     assert apex.apex_epsilons(1, 0.4, 7.0) == [0.4]
 
 
+def test_solved_from_is_where_the_last_run_of_passing_evaluations_starts(apex: ModuleType) -> None:
+    curve = apex.Curve()
+    assert curve.solved_at() is None
+    curve.evals = [(1000, 500.0, 10.0), (2000, 120.0, 20.0), (3000, 195.0, 30.0), (4000, 500.0, 40.0)]
+    assert curve.solved_at() == (3000, 30.0)  # a lucky early 500 that did not hold does not count
+    curve.evals.append((5000, 194.9, 50.0))
+    assert curve.solved_at() is None
+
+
 class FakeHandle:
     """What LearnerGate reads of a RemoteBuffer: the rows it holds."""
 
@@ -126,6 +135,7 @@ def test_short_run_writes_samples_and_updates_priorities(tmp_path: Path) -> None
     # The learner drew until the ratio admitted no more: the window's floor is reached, never crossed.
     assert limiter["min_diff"] <= limiter["diff"] < limiter["min_diff"] + batch
     assert [step for step, _ in run["evaluations"]] == [300, 600]
+    assert ("every evaluation >= 195" in done.stdout) == (run["solved_from_step"] is not None)
     assert math.isfinite(run["mean_return"])
     if importlib.util.find_spec("matplotlib") is not None:
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
