@@ -7,14 +7,17 @@ buffer holds and in which slots.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing
 import os
 import signal
+import sys
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -23,6 +26,21 @@ from tensordict import TensorDict, TensorDictBase
 from objectrl_buffer import ReplayBuffer
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def loaded_script(path: Path, name: str) -> Iterator[ModuleType]:
+    """A script (an example, a harness) imported as module ``name``, registered in ``sys.modules`` while in
+    use (dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
 
 
 

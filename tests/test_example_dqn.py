@@ -8,10 +8,9 @@ with ``RUN_SLOW=1``.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -20,7 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from objectrl_buffer import ReplayBuffer
-from tests.support import assert_td_equal
+from tests.support import assert_td_equal, loaded_script
 
 pytest.importorskip("gymnasium")
 pytest.importorskip("matplotlib")
@@ -30,14 +29,9 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "dqn_cartpole.py"
 
 
 @pytest.fixture(scope="module")
-def dqn() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dqn_cartpole", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["dqn_cartpole"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("dqn_cartpole", None)
+def dqn() -> Iterator[ModuleType]:
+    with loaded_script(EXAMPLE, "dqn_cartpole") as module:
+        yield module
 
 
 def tiny(tmp_path: Path, *extra: str) -> list[str]:
