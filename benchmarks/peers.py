@@ -128,6 +128,20 @@ def load_columns(spec: Spec, path: str) -> tuple[dict[str, torch.Tensor], int]:
     return cols, rows
 
 
+def _extend(ring: Any, item: dict[str, Any]) -> None:
+    """Slice-assign a batch into ``ring.cols`` at ``ring.ptr`` (two slices at the wrap); advance the ring."""
+    n = next(iter(item.values())).shape[0]
+    p, cap = ring.ptr, ring.capacity
+    head = min(n, cap - p)
+    for k, v in item.items():
+        col = ring.cols[k]
+        col[p : p + head] = v[:head]
+        if head < n:
+            col[: n - head] = v[head:]
+    ring.ptr = (p + n) % cap
+    ring.size = min(ring.size + n, cap)
+
+
 class Floor(Peer):
     """The floor: a NumPy ring, ``column[slot] = value`` per key, ``take`` to sample, raw files + fsync to save.
 
@@ -169,16 +183,7 @@ class Floor(Peer):
     def add_batch(self, item: Any) -> None:
         if type(item) is not dict:
             item = {k: v.numpy() for k, v in item.items()}
-        n = next(iter(item.values())).shape[0]
-        p, cap = self.ptr, self.capacity
-        head = min(n, cap - p)
-        for k, v in item.items():
-            col = self.cols[k]
-            col[p : p + head] = v[:head]
-            if head < n:
-                col[: n - head] = v[head:]
-        self.ptr = (p + n) % cap
-        self.size = min(self.size + n, cap)
+        _extend(self, item)
 
     def _deliver(self, arrays: dict[str, np.ndarray]) -> Batch:
         out = {k: torch.from_numpy(a) for k, a in arrays.items()}
@@ -232,16 +237,7 @@ class Limit(Peer):
             self.size += 1
 
     def add_batch(self, item: Batch) -> None:
-        n = next(iter(item.values())).shape[0]
-        p, cap = self.ptr, self.capacity
-        head = min(n, cap - p)
-        for k, v in item.items():
-            col = self.cols[k]
-            col[p : p + head] = v[:head]
-            if head < n:
-                col[: n - head] = v[head:]
-        self.ptr = (p + n) % cap
-        self.size = min(self.size + n, cap)
+        _extend(self, item)
 
     def _gather(self, idx: torch.Tensor) -> Batch:
         out = {k: c.index_select(0, idx) for k, c in self.cols.items()}
