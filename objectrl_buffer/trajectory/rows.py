@@ -7,7 +7,14 @@ Every row ever written gets an address ``0, 1, 2, ...``; a trajectory is the con
   slots and a :class:`~objectrl_buffer.core.ring.Ring` over it; address ``a`` sits in slot ``a % capacity``.
   The caller evicts whole oldest trajectories (:meth:`RowStore.drop_oldest`) until a new one fits.
 * Unbounded: storages of ``chunk_rows`` slots each, appended as rows arrive; address ``a`` sits in chunk
-  ``a // chunk_rows`` at slot ``a % chunk_rows``. A trajectory may straddle two chunks.
+  ``a // chunk_rows`` at slot ``a % chunk_rows``. A trajectory may straddle two chunks. While one chunk
+  fills, a background thread makes the next one and allocates its RAM-backed pages
+  (:func:`~objectrl_buffer.storage.ahead.preallocate`), so a write into it only copies.
+
+Fresh rows of RAM-backed storage are written with ``os.pwrite`` (``write_fresh``), which allocates the pages
+as it copies, with no page fault. A ring's later passes write the same slots through the mapping, so at
+its first wrap the ring maps all its pages in one call (:func:`~objectrl_buffer.storage.prefault.populate_all`;
+they exist already: nothing is allocated or zeroed) instead of taking a write fault per page.
 
 CPU storage is memory-mapped (RAM-backed by default, see :mod:`~objectrl_buffer.storage.placement`), so
 sampling reads the storage only, never a file some writer thread may still be producing.
@@ -15,13 +22,17 @@ sampling reads the storage only, never a file some writer thread may still be pr
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
 
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import Field, Key, Schema
 from objectrl_buffer.errors import ClosedBufferError
+from objectrl_buffer.storage.ahead import preallocate
+from objectrl_buffer.storage.prefault import populate_all
 from objectrl_buffer.storage.table import TransitionStorage
 
 __all__ = ["RowStore", "CHUNK_BYTES"]
@@ -51,6 +62,9 @@ class RowStore:
         self.next_row = 0  # address of the next row written
         self.warned: set[Key] = set()
         self.closed = False
+        self.mapped = False  # a ring: whether its pages were mapped at its first wrap
+        self._next: Future[TransitionStorage] | None = None  # unbounded: the next chunk, being made
+        self._maker: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ writing
     def prepare(self, rows: dict[Key, torch.Tensor], schema: Schema | None) -> tuple[Schema, Pairs, int]:
@@ -64,15 +78,41 @@ class RowStore:
         pairs, n = schema.check(rows, 1, self.warned)
         return schema, pairs, n
 
-    def _new_chunk(self, schema: Schema, pairs: Pairs) -> TransitionStorage:
+    def _make_chunk(self, schema: Schema, example: dict[Key, torch.Tensor], ahead: bool) -> TransitionStorage:
+        """A new chunk of ``schema`` (``ahead``: its RAM-backed pages allocated too, see :mod:`storage.ahead`).
+
+        ``write_fresh``: a trajectory's rows are one large block per key, which ``pwrite`` copies into fresh
+        RAM-backed pages without the write faults of a store through the mapping."""
         assert self.chunk_rows is not None
-        # write_fresh (unbounded chunks, each slot written once): a trajectory's rows are one large block per
-        # key; pwrite spares their fresh pages' reservation and write faults (TransitionStorage._write_fresh).
-        # Not for a ring: its slots are rewritten, and pwrite leaves them unmapped, so the next pass would
-        # fault on every page that the reserve-and-map path maps once for all passes.
-        storage = TransitionStorage(self.chunk_rows, self.device, write_fresh=self.ring is None)
-        storage.initialize(schema, {f.key: torch.as_tensor(v)[0] for f, v in pairs})
+        storage = TransitionStorage(self.chunk_rows, self.device, write_fresh=True)
+        try:
+            storage.initialize(schema, example)
+            if ahead:
+                preallocate(storage)
+        except BaseException:
+            storage.close()
+            raise
+        return storage
+
+    def _new_chunk(self, schema: Schema, pairs: Pairs) -> TransitionStorage:
+        example = {f.key: torch.as_tensor(v)[0] for f, v in pairs}
+        storage: TransitionStorage | None = None
+        pending, self._next = self._next, None
+        if pending is not None:
+            try:
+                storage = pending.result()
+            except Exception:  # e.g. no room for its files: made again here, where the error is the caller's
+                storage = None
+            if storage is not None and storage.schema != schema:
+                storage.close()
+                storage = None
+        if storage is None:
+            storage = self._make_chunk(schema, example, ahead=False)
         self.chunks.append(storage)
+        if self.ring is None and self.device.type == "cpu":
+            if self._maker is None:
+                self._maker = ThreadPoolExecutor(1, thread_name_prefix="objectrl_buffer-next-chunk")
+            self._next = self._maker.submit(self._make_chunk, schema, example, True)
         return storage
 
     def append(self, schema: Schema, pairs: Pairs, n: int) -> int:
@@ -89,6 +129,10 @@ class RowStore:
         if ring is not None:
             assert ring.size + n <= ring.capacity
             storage = self.chunks[0] if self.chunks else self._new_chunk(schema, pairs)
+            if not self.mapped and (ring.pointer < storage.reserved or ring.pointer + n > ring.capacity):
+                self.mapped = True  # the first wrap: the written slots' pages exist; map them all at once
+                written = storage.reserved
+                populate_all([c[:written].reshape(-1).view(torch.uint8) for c in storage.columns.values()])
             storage.write_rows(ring.pointer, pairs, 0, n)
             ring.advance(n)
         else:
@@ -127,6 +171,8 @@ class RowStore:
         first, last = int(chunk.min()), int(chunk.max())
         if first == last:
             return self.chunks[first].gather(addresses - first * size)
+        if all(storage.arrays is not None for storage in self.chunks[first : last + 1]):
+            return self._gather_cpu(addresses, chunk, first)
         out: dict[Key, torch.Tensor] = {}
         for index in torch.unique(chunk).tolist():
             positions = (chunk == index).nonzero().squeeze(1)
@@ -135,10 +181,37 @@ class RowStore:
                 target = out.get(key)
                 if target is None:
                     target = out[key] = value.new_empty((addresses.numel(), *value.shape[1:]))
-                if target.device.type == "cpu":  # NumPy's fancy assignment: ~20x torch's index_put on a CPU
-                    target.numpy()[positions.numpy()] = value.numpy()
-                else:
-                    target.index_copy_(0, positions, value)
+                target.index_copy_(0, positions, value)
+        return out
+
+    def _gather_cpu(self, addresses: torch.Tensor, chunk: torch.Tensor, first: int) -> dict[Key, torch.Tensor]:
+        """:meth:`gather` over several CPU chunks. The addresses are visited grouped by chunk (a stable sort),
+        each chunk's rows taken with one ``ndarray.take`` straight into their contiguous segment of a
+        scratch array, which one more ``take`` puts back in the caller's order. (Taking per chunk and then
+        scattering with a fancy assignment costs ~2x: the scatter is NumPy's slow path.)"""
+        size = self.chunk_rows
+        assert size is not None
+        order = torch.argsort(chunk, stable=True)
+        by_chunk = chunk[order]
+        local = (addresses[order] - by_chunk * size).numpy()
+        counts = torch.bincount(by_chunk - first).tolist()
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel())
+        back = inverse.numpy()
+        segments = []
+        start = 0
+        for offset, count in enumerate(counts):
+            if count:
+                arrays = self.chunks[first + offset].arrays
+                assert arrays is not None
+                segments.append((arrays, start, start + count))
+                start += count
+        out: dict[Key, torch.Tensor] = {}
+        for key, column in segments[0][0].items():
+            scratch = np.empty((addresses.numel(), *column.shape[1:]), dtype=column.dtype)
+            for arrays, lo, hi in segments:
+                np.take(arrays[key], local[lo:hi], axis=0, out=scratch[lo:hi])
+            out[key] = torch.from_numpy(scratch.take(back, axis=0))
         return out
 
     def read(self, first: int, n: int) -> dict[Key, torch.Tensor]:
@@ -146,7 +219,16 @@ class RowStore:
         return self.gather(torch.arange(first, first + n, dtype=torch.int64))
 
     def close(self) -> None:
-        """Free every chunk (memory and files). Idempotent."""
+        """Free every chunk (memory and files), the one being made included. Idempotent."""
+        pending, self._next = self._next, None
+        if pending is not None:
+            try:
+                self.chunks.append(pending.result())
+            except Exception:  # nothing to free: _make_chunk closed it
+                pass
+        if self._maker is not None:
+            self._maker.shutdown(wait=True)
+            self._maker = None
         for storage in self.chunks:
             storage.close()
         self.chunks = []
