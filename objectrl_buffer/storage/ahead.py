@@ -1,11 +1,12 @@
 """Allocate a fresh storage's RAM-backed pages ahead of its writer, off the writer's thread.
 
 Why: the first write of a row into a fresh RAM-backed file (``/dev/shm``) costs the kernel's page
-allocation as well as the copy. A ``write_fresh`` storage (see :class:`~objectrl_buffer.storage.table.TransitionStorage`)
-copies with ``os.pwrite``, which allocates each page as it copies into it (~3.8 ms per 13 MB on a 2-core VM);
-into pages that ``posix_fallocate`` already allocated, the same ``pwrite`` only copies (~2.5 ms). So a
-writer that fills storages one after another (the trajectory room's unbounded chunks) prepares the next one
-on another thread with :func:`preallocate` while it fills the current one.
+allocation as well as the copy. A ``write_fresh`` storage
+(:class:`~objectrl_buffer.storage.table.TransitionStorage`) copies with ``os.pwrite``, which allocates
+each page as it copies into it (~3.8 ms per 13 MB on a 2-core VM); into pages that ``posix_fallocate``
+already allocated, the same ``pwrite`` only copies (~2.5 ms). So a writer that fills storages one after
+another (the trajectory room's unbounded chunks) prepares the next one on another thread with
+:func:`preallocate` while it fills the current one.
 
 The storage's own bookkeeping is left alone: its ``reserved`` rows do not move, so its writes keep taking
 the ``pwrite`` path (``pwrite`` into an allocated page does not fault it in or zero it, unlike a store

@@ -22,6 +22,7 @@ sampling reads the storage only, never a file some writer thread may still be pr
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -33,7 +34,7 @@ from objectrl_buffer.core.schema import Field, Key, Schema
 from objectrl_buffer.errors import ClosedBufferError
 from objectrl_buffer.storage.ahead import preallocate
 from objectrl_buffer.storage.prefault import populate_all
-from objectrl_buffer.storage.table import TransitionStorage
+from objectrl_buffer.storage.table import SPLIT_BYTES, TransitionStorage
 
 __all__ = ["RowStore", "CHUNK_BYTES"]
 
@@ -126,6 +127,11 @@ class RowStore:
                 self.chunk_rows = max(4096, CHUNK_BYTES // max(schema.row_bytes, 1))
         start = self.next_row
         ring = self.ring
+        # Pieces whose block per key stays under SPLIT_BYTES: TransitionStorage copies a larger block on two
+        # threads, and a hand-off to a second thread that must wait for a core (a busy machine) costs more
+        # than the copy; on an idle one, one pwrite per block is as fast as two (benchmarks/README.md).
+        piece = max(1, (SPLIT_BYTES - 1) // max([f.row_bytes for f in schema.fields] + [1]))
+        done = 0
         if ring is not None:
             assert ring.size + n <= ring.capacity
             storage = self.chunks[0] if self.chunks else self._new_chunk(schema, pairs)
@@ -133,16 +139,18 @@ class RowStore:
                 self.mapped = True  # the first wrap: the written slots' pages exist; map them all at once
                 written = storage.reserved
                 populate_all([c[:written].reshape(-1).view(torch.uint8) for c in storage.columns.values()])
-            storage.write_rows(ring.pointer, pairs, 0, n)
+            while done < n:
+                m = min(n - done, piece)
+                storage.write_rows((ring.pointer + done) % ring.capacity, pairs, done, m)
+                done += m
             ring.advance(n)
         else:
-            done = 0
             size = self.chunk_rows
             assert size is not None
             while done < n:
                 index, offset = divmod(start + done, size)
                 storage = self.chunks[index] if index < len(self.chunks) else self._new_chunk(schema, pairs)
-                m = min(n - done, size - offset)
+                m = min(n - done, size - offset, piece)
                 storage.write_rows(offset, pairs, done, m)
                 done += m
         self.next_row = start + n
@@ -222,10 +230,8 @@ class RowStore:
         """Free every chunk (memory and files), the one being made included. Idempotent."""
         pending, self._next = self._next, None
         if pending is not None:
-            try:
+            with contextlib.suppress(Exception):  # on failure nothing is left to free: _make_chunk closed it
                 self.chunks.append(pending.result())
-            except Exception:  # nothing to free: _make_chunk closed it
-                pass
         if self._maker is not None:
             self._maker.shutdown(wait=True)
             self._maker = None
