@@ -7,14 +7,7 @@ Every row ever written gets an address ``0, 1, 2, ...``; a trajectory is the con
   slots and a :class:`~objectrl_buffer.core.ring.Ring` over it; address ``a`` sits in slot ``a % capacity``.
   The caller evicts whole oldest trajectories (:meth:`RowStore.drop_oldest`) until a new one fits.
 * Unbounded: storages of ``chunk_rows`` slots each, appended as rows arrive; address ``a`` sits in chunk
-  ``a // chunk_rows`` at slot ``a % chunk_rows``. A trajectory may straddle two chunks. While one chunk
-  fills, a background thread makes the next one and allocates its RAM-backed pages
-  (:func:`~objectrl_buffer.storage.ahead.preallocate`), so a write into it only copies.
-
-Fresh rows of RAM-backed storage are written with ``os.pwrite`` (``write_fresh``), which allocates the pages
-as it copies, with no page fault. A ring's later passes write the same slots through the mapping, so at
-its first wrap the ring maps all its pages in one call (:func:`~objectrl_buffer.storage.prefault.populate_all`;
-they exist already: nothing is allocated or zeroed) instead of taking a write fault per page.
+  ``a // chunk_rows`` at slot ``a % chunk_rows``. A trajectory may straddle two chunks.
 
 CPU storage is memory-mapped (RAM-backed by default, see :mod:`~objectrl_buffer.storage.placement`), so
 sampling reads the storage only, never a file some writer thread may still be producing.
@@ -22,8 +15,6 @@ sampling reads the storage only, never a file some writer thread may still be pr
 
 from __future__ import annotations
 
-import contextlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -32,9 +23,7 @@ import torch
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import Field, Key, Schema
 from objectrl_buffer.errors import ClosedBufferError
-from objectrl_buffer.storage.ahead import preallocate
-from objectrl_buffer.storage.prefault import populate_all
-from objectrl_buffer.storage.table import SPLIT_BYTES, TransitionStorage
+from objectrl_buffer.storage.table import TransitionStorage
 
 __all__ = ["RowStore", "CHUNK_BYTES"]
 
@@ -63,9 +52,6 @@ class RowStore:
         self.next_row = 0  # address of the next row written
         self.warned: set[Key] = set()
         self.closed = False
-        self.mapped = False  # a ring: whether its pages were mapped at its first wrap
-        self._next: Future[TransitionStorage] | None = None  # unbounded: the next chunk, being made
-        self._maker: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ writing
     def prepare(self, rows: dict[Key, torch.Tensor], schema: Schema | None) -> tuple[Schema, Pairs, int]:
@@ -79,41 +65,15 @@ class RowStore:
         pairs, n = schema.check(rows, 1, self.warned)
         return schema, pairs, n
 
-    def _make_chunk(self, schema: Schema, example: dict[Key, torch.Tensor], ahead: bool) -> TransitionStorage:
-        """A new chunk of ``schema`` (``ahead``: its RAM-backed pages allocated too, see :mod:`storage.ahead`).
-
-        ``write_fresh``: a trajectory's rows are one large block per key, which ``pwrite`` copies into fresh
-        RAM-backed pages without the write faults of a store through the mapping."""
-        assert self.chunk_rows is not None
-        storage = TransitionStorage(self.chunk_rows, self.device, write_fresh=True)
-        try:
-            storage.initialize(schema, example)
-            if ahead:
-                preallocate(storage)
-        except BaseException:
-            storage.close()
-            raise
-        return storage
-
     def _new_chunk(self, schema: Schema, pairs: Pairs) -> TransitionStorage:
-        example = {f.key: torch.as_tensor(v)[0] for f, v in pairs}
-        storage: TransitionStorage | None = None
-        pending, self._next = self._next, None
-        if pending is not None:
-            try:
-                storage = pending.result()
-            except Exception:  # e.g. no room for its files: made again here, where the error is the caller's
-                storage = None
-            if storage is not None and storage.schema != schema:
-                storage.close()
-                storage = None
-        if storage is None:
-            storage = self._make_chunk(schema, example, ahead=False)
+        assert self.chunk_rows is not None
+        # write_fresh (unbounded chunks, each slot written once): a trajectory's rows are one large block per
+        # key; pwrite spares their fresh pages' reservation and write faults (TransitionStorage._write_fresh).
+        # Not for a ring: its slots are rewritten, and pwrite leaves them unmapped, so the next pass would
+        # fault on every page that the reserve-and-map path maps once for all passes.
+        storage = TransitionStorage(self.chunk_rows, self.device, write_fresh=self.ring is None)
+        storage.initialize(schema, {f.key: torch.as_tensor(v)[0] for f, v in pairs})
         self.chunks.append(storage)
-        if self.ring is None and self.device.type == "cpu":
-            if self._maker is None:
-                self._maker = ThreadPoolExecutor(1, thread_name_prefix="objectrl_buffer-next-chunk")
-            self._next = self._maker.submit(self._make_chunk, schema, example, True)
         return storage
 
     def append(self, schema: Schema, pairs: Pairs, n: int) -> int:
@@ -127,30 +87,19 @@ class RowStore:
                 self.chunk_rows = max(4096, CHUNK_BYTES // max(schema.row_bytes, 1))
         start = self.next_row
         ring = self.ring
-        # Pieces whose block per key stays under SPLIT_BYTES: TransitionStorage copies a larger block on two
-        # threads, and a hand-off to a second thread that must wait for a core (a busy machine) costs more
-        # than the copy; on an idle one, one pwrite per block is as fast as two (benchmarks/README.md).
-        piece = max(1, (SPLIT_BYTES - 1) // max([f.row_bytes for f in schema.fields] + [1]))
-        done = 0
         if ring is not None:
             assert ring.size + n <= ring.capacity
             storage = self.chunks[0] if self.chunks else self._new_chunk(schema, pairs)
-            if not self.mapped and (ring.pointer < storage.reserved or ring.pointer + n > ring.capacity):
-                self.mapped = True  # the first wrap: the written slots' pages exist; map them all at once
-                written = storage.reserved
-                populate_all([c[:written].reshape(-1).view(torch.uint8) for c in storage.columns.values()])
-            while done < n:
-                m = min(n - done, piece)
-                storage.write_rows((ring.pointer + done) % ring.capacity, pairs, done, m)
-                done += m
+            storage.write_rows(ring.pointer, pairs, 0, n)
             ring.advance(n)
         else:
+            done = 0
             size = self.chunk_rows
             assert size is not None
             while done < n:
                 index, offset = divmod(start + done, size)
                 storage = self.chunks[index] if index < len(self.chunks) else self._new_chunk(schema, pairs)
-                m = min(n - done, size - offset, piece)
+                m = min(n - done, size - offset)
                 storage.write_rows(offset, pairs, done, m)
                 done += m
         self.next_row = start + n
@@ -227,14 +176,7 @@ class RowStore:
         return self.gather(torch.arange(first, first + n, dtype=torch.int64))
 
     def close(self) -> None:
-        """Free every chunk (memory and files), the one being made included. Idempotent."""
-        pending, self._next = self._next, None
-        if pending is not None:
-            with contextlib.suppress(Exception):  # on failure nothing is left to free: _make_chunk closed it
-                self.chunks.append(pending.result())
-        if self._maker is not None:
-            self._maker.shutdown(wait=True)
-            self._maker = None
+        """Free every chunk (memory and files). Idempotent."""
         for storage in self.chunks:
             storage.close()
         self.chunks = []

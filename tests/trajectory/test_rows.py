@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from objectrl_buffer.core.schema import Schema
 from objectrl_buffer.storage import placement
@@ -128,7 +130,7 @@ def test_chunk_placement_is_what_placement_decides() -> None:
 
 
 def test_write_fresh_is_off_unless_asked() -> None:
-    """Trajectory chunks (unbounded and ring) take the pwrite path; other storages write as before."""
+    """Only unbounded trajectory chunks take the pwrite path; a ring and other storages write as before."""
     from objectrl_buffer.storage.table import TransitionStorage
 
     plain = TransitionStorage(8, torch.device("cpu"))
@@ -137,49 +139,10 @@ def test_write_fresh_is_off_unless_asked() -> None:
         append(rows, 0, 8)
         ring = store(16, None)
         append(ring, 0, 8)
-        assert not plain.write_fresh and rows.chunks[0].write_fresh and ring.chunks[0].write_fresh
+        assert not plain.write_fresh and rows.chunks[0].write_fresh and not ring.chunks[0].write_fresh
         ring.close()
     finally:
         plain.close()
-        rows.close()
-
-
-def allocated_bytes(folder: str) -> int:
-    """Bytes the file system allocated to the files in ``folder`` (sparse files count what is written)."""
-    return sum(os.stat(os.path.join(d, f)).st_blocks * 512 for d, _, names in os.walk(folder) for f in names)
-
-
-def test_the_next_unbounded_chunk_is_allocated_before_rows_reach_it() -> None:
-    """While chunk k fills, chunk k+1 is made and its RAM-backed pages allocated (off the writer's thread),
-    so the rows that reach it are only copied. Its bookkeeping is untouched: only written rows count."""
-    rows = store(None, 4096)
-    try:
-        append(rows, 0, 4000)
-        if not lazy(rows):
-            pytest.skip("storage not RAM-backed here (nothing to allocate ahead)")
-        append(rows, 1, 200)  # 96 rows end chunk 0, 104 start chunk 1
-        schema = rows.schema
-        assert schema is not None and len(rows.chunks) == 2
-        second = rows.chunks[1]
-        assert second.folder is not None and second.reserved == 104
-        assert allocated_bytes(second.folder) >= 4096 * schema.row_bytes  # every page, not just 104 rows'
-        assert_rows(rows, 0, 0, 4000)
-        assert_rows(rows, 4000, 1, 200)
-    finally:
-        rows.close()
-    assert rows.chunks == [] and rows.closed
-
-
-def test_a_ring_reads_back_every_pass_after_mapping_its_pages_at_the_first_wrap() -> None:
-    rows = store(96, None)
-    try:
-        firsts = [append(rows, m, 24) for m in range(4)]  # fills the ring with fresh (pwrite) rows
-        assert rows.chunks[0].reserved == 96 and not rows.mapped
-        firsts += [append(rows, m, 24) for m in range(4, 11)]  # wraps: written through the mapping
-        assert rows.mapped
-        for m in range(7, 11):
-            assert_rows(rows, firsts[m], m, 24)
-    finally:
         rows.close()
 
 
@@ -196,3 +159,19 @@ def test_large_blocks_split_over_two_threads_store_the_same_bytes(monkeypatch: p
     finally:
         rows.close()
     assert rows.chunks == [] and rows.closed
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 6 * 24 - 1), min_size=1, max_size=40))
+def test_gathers_over_many_chunks_match_a_reference_in_the_callers_order(picks: list[int]) -> None:
+    """Addresses spread over several chunks, repeated and in any order, come back row for row in that order."""
+    rows = store(None, 40)
+    try:
+        firsts = [append(rows, m, 24) for m in range(6)]  # 144 rows over 4 chunks of 40
+        got = rows.gather(torch.tensor(picks, dtype=torch.int64))
+        for key in got:
+            want = torch.stack([rows_of(a // 24, 24)[key][a % 24] for a in picks])
+            assert torch.equal(got[key], want), key
+        assert firsts == [0, 24, 48, 72, 96, 120]
+    finally:
+        rows.close()
