@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from objectrl_buffer.core.schema import Schema
 from objectrl_buffer.storage import placement
@@ -157,3 +159,19 @@ def test_large_blocks_split_over_two_threads_store_the_same_bytes(monkeypatch: p
     finally:
         rows.close()
     assert rows.chunks == [] and rows.closed
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 6 * 24 - 1), min_size=1, max_size=40))
+def test_gathers_over_many_chunks_match_a_reference_in_the_callers_order(picks: list[int]) -> None:
+    """Addresses spread over several chunks, repeated and in any order, come back row for row in that order."""
+    rows = store(None, 40)
+    try:
+        firsts = [append(rows, m, 24) for m in range(6)]  # 144 rows over 4 chunks of 40
+        got = rows.gather(torch.tensor(picks, dtype=torch.int64))
+        for key in got:
+            want = torch.stack([rows_of(a // 24, 24)[key][a % 24] for a in picks])
+            assert torch.equal(got[key], want), key
+        assert firsts == [0, 24, 48, 72, 96, 120]
+    finally:
+        rows.close()
