@@ -3,7 +3,12 @@
 A stored row is *normalised* first: its meta fields are checked (they feed the tensor query columns), and its
 payload (state, actions, messages, non-scalar rewards) is turned into its JSON form with tensors kept as
 tensors. That form is what comes back, and what :func:`encode_row` writes as bytes (JSON + raw tensor
-bytes, never pickle) for other processes and checkpoints.
+bytes, never pickle) for other processes and checkpoints. The JSON form is what a JSON round trip gives:
+subclasses of str/int/float (enums, NumPy's ``float64``) come back as the plain type, and dict keys that
+are int, float, bool or None come back as the strings ``json`` makes of them.
+
+A row whose payload is JSON-native already is kept by the in-memory table as one JSON text
+(:func:`encode_record`) until it is first read (:func:`decode_record`): no Python objects per stored row.
 """
 
 from __future__ import annotations
@@ -324,6 +329,9 @@ _encode_c = _make and _make(None, _refuse, json.encoder.encode_basestring, None,
 _encode_py = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":"), default=_refuse).encode
 
 
+_scan = json.JSONDecoder().scan_once  # our own records: no surrounding whitespace to strip, as loads() would
+
+
 def encode_record(row: Any) -> tuple[str, tuple[Any, ...]] | None:
     """The compact stored form of ``row``, or ``None`` when the row needs :func:`normalize_row`.
 
@@ -367,7 +375,7 @@ def encode_record(row: Any) -> tuple[str, tuple[Any, ...]] | None:
 
 def decode_record(text: str) -> DataRow:
     """The row :func:`encode_record` encoded as ``text``."""
-    row_id, task_id, name, agent, pre, step, when, state, actions, messages, reward, adv, v = json.loads(text)
+    row_id, task_id, name, agent, pre, step, when, state, actions, messages, reward, adv, v = _scan(text, 0)[0]
     meta = ExpMeta(task_id, name, agent, step, when, pre)
     return DataRow(meta, Experience(state, actions, reward, adv, v, messages), row_id)
 

@@ -60,7 +60,10 @@ class TaskTable:
     def take(self, index: Sequence[int]) -> list[DataRow]:
         """The rows at ``index`` (ints in ``[0, n)``), in that order."""
         rows, row = self._rows, self.row
-        return [row(i) if isinstance(r, str) else r for i, r in zip(index, map(rows.__getitem__, index), strict=True)]
+        with gc_paused():  # the rows built here all survive (as the store's did before rows were built on read)
+            return [
+                row(i) if isinstance(r, str) else r for i, r in zip(index, map(rows.__getitem__, index), strict=True)
+            ]
 
     # -- the Columns protocol of query_filter --
     def string_column(self, name: str) -> tuple[torch.Tensor, Vocab]:
