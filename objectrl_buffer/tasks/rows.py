@@ -329,7 +329,7 @@ _encode_c = _make and _make(None, _refuse, json.encoder.encode_basestring, None,
 _encode_py = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":"), default=_refuse).encode
 
 
-_scan = json.JSONDecoder().scan_once  # our own records: no surrounding whitespace to strip, as loads() would
+_raw_decode = json.JSONDecoder().raw_decode  # our own records: no whitespace around them for loads() to strip
 
 
 def encode_record(row: Any) -> tuple[str, tuple[Any, ...]] | None:
@@ -375,7 +375,7 @@ def encode_record(row: Any) -> tuple[str, tuple[Any, ...]] | None:
 
 def decode_record(text: str) -> DataRow:
     """The row :func:`encode_record` encoded as ``text``."""
-    row_id, task_id, name, agent, pre, step, when, state, actions, messages, reward, adv, v = _scan(text, 0)[0]
+    row_id, task_id, name, agent, pre, step, when, state, actions, messages, reward, adv, v = _raw_decode(text)[0]
     meta = ExpMeta(task_id, name, agent, step, when, pre)
     return DataRow(meta, Experience(state, actions, reward, adv, v, messages), row_id)
 
