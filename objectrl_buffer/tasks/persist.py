@@ -21,7 +21,7 @@ from objectrl_buffer.checkpoint.io import atomic_write, open_regular, read_small
 from objectrl_buffer.core.vocab import Vocab
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 
-from .rows import META_STRINGS, decode_row, encode_row, normalize_row
+from .rows import META_STRINGS, decode_row, encode_row
 from .table import TaskTable
 
 __all__ = ["save_table", "load_table"]
@@ -39,7 +39,7 @@ def save_table(table: TaskTable, path: str | os.PathLike[str], max_capacity: int
     except OSError as exc:
         raise CheckpointError(f"cannot create checkpoint folder '{folder}': {exc.strerror or exc}") from exc
     token = secrets.token_hex(4)
-    blobs = [encode_row(r) for r in table.rows]
+    blobs = [encode_row(r) for r in table.each_row()]
     files = {
         "rows": b"".join(blobs),
         "lengths": np.array([len(b) for b in blobs], dtype="<i8").tobytes(),
@@ -109,16 +109,12 @@ def load_table(path: str | os.PathLike[str]) -> tuple[TaskTable, int]:
             raise ValueError("row lengths do not add up to the rows file")
         table = TaskTable()
         table.vocabs = {n: Vocab(vocabs[n]) for n in META_STRINGS}
-        decoded, values = [], []
-        offset = 0
         view = memoryview(rows)
-        for size in sizes.tolist():
-            row, value = normalize_row(decode_row(view[offset : offset + size]))
-            decoded.append(row)
-            values.append(value)
-            offset += size
+        ends = np.cumsum(sizes).tolist()
+        decoded = [decode_row(view[end - size : end]) for end, size in zip(ends, sizes.tolist(), strict=True)]
+        stored, values = TaskTable.prepare_compact(decoded)
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"checkpoint '{folder}' is malformed: {exc}") from exc
-    table.append(decoded, values)
-    table.note_appended([r.exp_meta.task_id for r in decoded])
+    table.append(stored, values)
+    table.note_appended([str(v[0]) for v in values])
     return table, int(manifest["max_capacity"])

@@ -3,13 +3,19 @@
 A stored row is *normalised* first: its meta fields are checked (they feed the tensor query columns), and its
 payload (state, actions, messages, non-scalar rewards) is turned into its JSON form with tensors kept as
 tensors. That form is what comes back, and what :func:`encode_row` writes as bytes (JSON + raw tensor
-bytes, never pickle) for other processes and checkpoints.
+bytes, never pickle) for other processes and checkpoints. The JSON form is what a JSON round trip gives:
+subclasses of str/int/float (enums, NumPy's ``float64``) come back as the plain type, and dict keys that
+are int, float, bool or None come back as the strings ``json`` makes of them.
+
+A row whose payload is JSON-native already is kept by the in-memory table as one JSON text
+(:func:`encode_record`) until it is first read (:func:`decode_record`): no Python objects per stored row.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import json.encoder
 import math
 import numbers
 import operator
@@ -28,6 +34,8 @@ __all__ = [
     "META_STRINGS",
     "NUMERIC",
     "normalize_row",
+    "encode_record",
+    "decode_record",
     "encode_row",
     "decode_row",
 ]
@@ -111,7 +119,7 @@ def json_form(value: Any, where: str, depth: int = 0) -> Any:
     if kind is list and depth < _MAX_DEPTH:
         return [json_form(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     if value is None or isinstance(value, (str, bool, int, float)):
-        return value
+        return _plain_scalar(value)
     if depth > _MAX_DEPTH:
         raise TypeError(f"{where}: nested more than {_MAX_DEPTH} levels deep (a cycle?)")
     if isinstance(value, torch.Tensor):
@@ -125,12 +133,7 @@ def json_form(value: Any, where: str, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_form(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            if isinstance(k, bool) or not isinstance(k, (str, int)):
-                raise TypeError(f"{where}: dict key {k!r} is a {type(k).__name__}; payload keys must be str or int")
-            out[str(k)] = json_form(v, f"{where}.{k}", depth + 1)
-        return out
+        return {_json_key(k, where): json_form(v, f"{where}.{k}", depth + 1) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
         return json_form(fields, where, depth + 1)
@@ -140,6 +143,30 @@ def json_form(value: Any, where: str, depth: int = 0) -> Any:
     raise TypeError(
         f"{where}: cannot store a {type(value).__name__} (payloads are JSON values, tensors, arrays, dataclasses, "
         "or objects with model_dump()/to_dict())"
+    )
+
+
+def _plain_scalar(value: str | bool | int | float | None) -> Any:
+    """``value`` as the exact type ``json`` writes it as: a subclass of str/int/float (a ``str`` enum, an
+    ``IntEnum``, NumPy's ``float64``) becomes the plain value, as it would after a JSON round trip."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    return float.__float__(value)  # type: ignore[arg-type]
+
+
+def _json_key(key: Any, where: str) -> str:
+    """A dict key as ``json`` converts it (str as it is; int, float, True/False/None to their JSON text)."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if isinstance(key, (bool, int, float)) or key is None:
+        return json.dumps(key)
+    raise TypeError(
+        f"{where}: dict key {key!r} is a {type(key).__name__}; payload keys must be str, int, float, bool or None"
     )
 
 
@@ -256,8 +283,15 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
         Experience(state, actions, reward, adv, v, messages),
         row_id,
     )
+    return stored, _column_values(task_id, name, agent, pre, step, when, reward, adv, v)
+
+
+def _column_values(
+    task_id: str, name: Any, agent: Any, pre: Any, step: Any, when: Any, reward: Any, adv: Any, v: Any
+) -> tuple[Any, ...]:
+    """A checked row's values of the query columns, ``META_STRINGS + NUMERIC`` (NaN for a missing number)."""
     nan = math.nan
-    return stored, (
+    return (
         task_id,
         name,
         agent,
@@ -268,6 +302,82 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
         adv if type(adv) is float else nan if adv is None else _number(adv),
         v if type(v) is float else nan if v is None else _number(v),
     )
+
+
+# ---- the compact form of a stored row: one JSON text, built into a DataRow when first read ----
+
+_RECORD_FIELDS = operator.attrgetter(
+    "id", *(f"exp_meta.{n}" for n in _META_NAMES), *(f"exp_data.{n}" for n in _DATA_NAMES)
+)
+_STR_OR_NONE = frozenset({str, type(None)})
+_NUMBER_OR_NONE = frozenset({int, float, type(None)})
+
+
+class _NotNative(Exception):
+    """Raised by the encoder's ``default`` hook: a value JSON cannot hold as it is (the general path takes it)."""
+
+
+def _refuse(value: Any) -> Any:
+    raise _NotNative
+
+
+# no circular-reference markers (a cycle ends in RecursionError, and the general path names it); non-ASCII kept
+# (json.encoder.c_make_encoder: the C encoder json.dumps itself uses, called directly to skip a per-call setup;
+# None where the C accelerator is missing, then the JSONEncoder below)
+_make = getattr(json.encoder, "c_make_encoder", None)
+_encode_c = _make and _make(None, _refuse, json.encoder.encode_basestring, None, ":", ",", False, False, True)
+_encode_py = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":"), default=_refuse).encode
+
+
+_raw_decode = json.JSONDecoder().raw_decode  # our own records: no whitespace around them for loads() to strip
+
+
+def encode_record(row: Any) -> tuple[str, tuple[Any, ...]] | None:
+    """The compact stored form of ``row``, or ``None`` when the row needs :func:`normalize_row`.
+
+    Returns (one JSON text ``[id, task_id, task_name, agent_id, pre_agent, step, execute_time, state,
+    actions, messages, reward_t, adv_t, v_t]``, the column values as :func:`normalize_row` gives them).
+    Only for exact ``DataRow``/``ExpMeta``/``Experience`` with exact meta types and JSON-native payloads
+    nested at most as deep as :func:`json_form` allows: :func:`decode_record` of the text is then exactly
+    ``normalize_row(row)[0]`` (a str holds no references, so a stored text costs the cyclic GC nothing).
+    Anything else (tensors, arrays, dataclasses, bad values) returns ``None``; this never raises.
+    """
+    if type(row) is not DataRow or type(row.exp_meta) is not ExpMeta or type(row.exp_data) is not Experience:
+        return None
+    try:
+        fields = _RECORD_FIELDS(row)
+    except AttributeError:
+        return None
+    row_id, task_id, name, agent, pre, step, when, _, _, _, reward, adv, v = fields
+    if (
+        type(task_id) is not str
+        or type(name) not in _STR_OR_NONE
+        or type(agent) not in _STR_OR_NONE
+        or type(pre) not in _STR_OR_NONE
+        or type(step) not in _NUMBER_OR_NONE
+        or type(when) not in _NUMBER_OR_NONE
+    ):
+        return None
+    if type(row_id) is not str:
+        if row_id is not None:
+            return None
+        fields = (str(uuid.uuid4()), *fields[1:])
+    try:
+        text = "".join(_encode_c(fields, 0)) if _encode_c else _encode_py(fields)
+    except (_NotNative, TypeError, ValueError, RecursionError):
+        return None
+    # json_form allows _MAX_DEPTH + 1 nested containers per field; the record adds its own list. The count
+    # includes brackets inside strings, so it only bounds the depth: a row over it takes the general path.
+    if text.count("[") + text.count("{") > _MAX_DEPTH + 2:
+        return None
+    return text, _column_values(task_id, name, agent, pre, step, when, reward, adv, v)
+
+
+def decode_record(text: str) -> DataRow:
+    """The row :func:`encode_record` encoded as ``text``."""
+    row_id, task_id, name, agent, pre, step, when, state, actions, messages, reward, adv, v = _raw_decode(text)[0]
+    meta = ExpMeta(task_id, name, agent, step, when, pre)
+    return DataRow(meta, Experience(state, actions, reward, adv, v, messages), row_id)
 
 
 def _number(value: Any) -> float:

@@ -1,9 +1,14 @@
 """The columnar table behind every task storage: one Python list of stored rows (the payloads) beside tensor
-columns of their query fields, kept in insertion order; whole tasks leave with one compaction pass."""
+columns of their query fields, kept in insertion order; whole tasks leave with one compaction pass.
+
+A row stored with a JSON-native payload is kept as one JSON text (:func:`~.rows.encode_record`) and built
+into its :class:`DataRow` when first read, then kept as that object: a store makes no Python objects per
+row (nothing for the cyclic garbage collector to walk again and again), and a row read twice is the same
+object. Rows holding tensors or other non-JSON values are kept as the normalised ``DataRow`` at once."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -12,27 +17,53 @@ from objectrl_buffer.core.group_fifo import GroupCounts, plan_store
 from objectrl_buffer.core.vocab import Vocab
 
 from .query_filter import QueryCondition, compile_query
-from .rows import META_STRINGS, NUMERIC, DataRow, normalize_row
+from .rows import META_STRINGS, NUMERIC, DataRow, decode_record, encode_record, normalize_row
 
 __all__ = ["TaskTable"]
 
 
 class TaskTable:
-    """Rows in insertion order: ``rows[i]`` with ``codes[:, i]`` (int64 ``[4]``: task_id, task_name, agent_id,
-    pre_agent codes, -1 for None) and ``numbers[:, i]`` (float64 ``[5]``: step, execute_time, reward_t, adv_t,
+    """Rows in insertion order: row ``i`` (:meth:`row`) with ``codes[:, i]`` (int64 ``[4]``: task_id, task_name,
+    agent_id, pre_agent codes, -1 for None) and ``numbers[:, i]`` (float64 ``[5]``: step, execute_time, reward_t, adv_t,
     v_t, NaN for None), CPU. Field-major, so each query column is one contiguous run.
     ``counts`` holds rows per task_id in order of first insertion (FIFO order)."""
 
     def __init__(self) -> None:
         self.vocabs = {name: Vocab() for name in META_STRINGS}
-        self.rows: list[DataRow] = []
+        self._rows: list[DataRow | str] = []  # a str: the row's JSON record, not read yet
         self._codes = torch.empty((len(META_STRINGS), 0), dtype=torch.int64)
         self._numbers = torch.empty((len(NUMERIC), 0), dtype=torch.float64)
         self.counts = GroupCounts()
 
     @property
     def n(self) -> int:
-        return len(self.rows)
+        return len(self._rows)
+
+    @property
+    def rows(self) -> list[DataRow]:
+        """Every row, in insertion order (each built on first read)."""
+        return self.take(range(self.n))
+
+    def row(self, i: int) -> DataRow:
+        """Row ``i``, built from its record on first read and kept, so every read returns the same object."""
+        found = self._rows[i]
+        if isinstance(found, str):
+            found = self._rows[i] = decode_record(found)
+        return found
+
+    def each_row(self) -> Iterator[DataRow]:
+        """Every row in insertion order, those not read yet built for this walk only (``save`` goes through
+        every row once; keeping them all built would hold a Python object per row from then on)."""
+        for r in self._rows:
+            yield decode_record(r) if isinstance(r, str) else r
+
+    def take(self, index: Sequence[int]) -> list[DataRow]:
+        """The rows at ``index`` (ints in ``[0, n)``), in that order."""
+        rows, row = self._rows, self.row
+        with gc_paused():  # the rows built here all survive (as the store's did before rows were built on read)
+            return [
+                row(i) if isinstance(r, str) else r for i, r in zip(index, map(rows.__getitem__, index), strict=True)
+            ]
 
     # -- the Columns protocol of query_filter --
     def string_column(self, name: str) -> tuple[torch.Tensor, Vocab]:
@@ -56,13 +87,25 @@ class TaskTable:
             values.append(v)
         return stored, values
 
+    @staticmethod
+    def prepare_compact(rows: Sequence[object]) -> tuple[list[DataRow | str], list[tuple[object, ...]]]:
+        """:meth:`prepare`, with each row that :func:`encode_record` takes kept as its JSON record instead."""
+        stored: list[DataRow | str] = []
+        values = []
+        for row in rows:
+            found = encode_record(row)
+            s, v = normalize_row(row) if found is None else found
+            stored.append(s)
+            values.append(v)
+        return stored, values
+
     def store(self, rows: Sequence[object], capacity: int) -> None:
         """Store ``rows`` in order, evicting whole oldest tasks so at most ``capacity`` rows stay.
 
         All or nothing: a bad row, or a task that alone would exceed ``capacity``, raises and stores nothing.
         """
         with gc_paused():  # the new rows all survive: collections during the batch would only re-walk them
-            stored, values = self.prepare(rows)
+            stored, values = self.prepare_compact(rows)
         plan = plan_store(self.counts, [v[0] for v in values], capacity)
         self.remove_tasks([str(t) for t in plan.evicted])
         if all(plan.keep):
@@ -74,7 +117,7 @@ class TaskTable:
             )
         self.counts = plan.apply()
 
-    def append(self, rows: list[DataRow], values: list[tuple[object, ...]]) -> None:
+    def append(self, rows: Sequence[DataRow | str], values: list[tuple[object, ...]]) -> None:
         """Append normalised rows (no capacity check; ``counts`` updated by the caller when it plans)."""
         if not rows:
             return
@@ -89,7 +132,7 @@ class TaskTable:
         start = self.n
         self._codes[:, start : start + len(rows)] = codes
         self._numbers[:, start : start + len(rows)] = numbers
-        self.rows.extend(rows)
+        self._rows.extend(rows)
 
     def note_appended(self, task_ids: list[str]) -> None:
         """Count appended rows of ``task_ids`` (for a table mirrored from a log, where the writer planned)."""
@@ -119,19 +162,18 @@ class TaskTable:
         n = index.numel()
         self._codes[:, :n] = self._codes[:, index]
         self._numbers[:, :n] = self._numbers[:, index]
-        self.rows = [self.rows[i] for i in index.tolist()]
+        self._rows = list(map(self._rows.__getitem__, index.tolist()))
 
     def clear(self) -> None:
-        self.rows = []
+        self._rows = []
         self.counts = GroupCounts()
 
     # -- reads --
     def select(self, query: QueryCondition | None) -> list[DataRow]:
         """The rows matching ``query``, in insertion order."""
         if not query:
-            return list(self.rows)
-        rows = self.rows
-        return [rows[i] for i in self.mask(query).nonzero().squeeze(1).tolist()]
+            return self.rows
+        return self.take(self.mask(query).nonzero().squeeze(1).tolist())
 
     def matching_task_ids(self, query: QueryCondition | None) -> list[str]:
         """task_ids with at least one row matching ``query``, in FIFO order (first insertion)."""
@@ -151,6 +193,7 @@ class TaskTable:
             return out
         column = self.string_column("task_id")[0]
         index = vocab.member_mask(column, list(wanted)).nonzero().squeeze(1)
-        for i, c in zip(index.tolist(), column[index].tolist(), strict=False):
-            out[wanted[c]].append(self.rows[i])
+        index_list = index.tolist()
+        for r, c in zip(self.take(index_list), column[index].tolist(), strict=True):
+            out[wanted[c]].append(r)
         return out

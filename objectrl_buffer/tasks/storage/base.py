@@ -111,7 +111,9 @@ class TableStorage(Storage):
 
 class InMemoryStorage(TableStorage):
     """Rows in this process's memory, at most ``max_capacity`` of them: a store that would pass it first evicts
-    whole tasks, oldest first insertion first. Each row is counted once.
+    whole tasks, oldest first insertion first. Each row is counted once. A stored row with a JSON-native
+    payload is held as JSON text and built into a :class:`DataRow` on its first read; later reads return that
+    same object (a store creates no Python objects per row, so it stays cheap for the garbage collector).
 
     Raises (storing nothing): ``ValueError`` for a missing row or ``exp_meta``, ``TypeError`` for a field or
     payload of the wrong type, :class:`~objectrl_buffer.errors.InvalidArgumentError` when one task alone would

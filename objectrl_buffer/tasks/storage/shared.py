@@ -252,8 +252,9 @@ class SharedTaskStorage(TableStorage):
         self._check_pid()
         if table.n > self.max_capacity:
             raise InvalidArgumentError(f"{table.n} rows do not fit max_capacity={self.max_capacity}")
-        keys = [task_hash(r.exp_meta.task_id) for r in table.rows]
-        entries = [(_CLEAR, 0, b""), *((_ROW, k, encode_row(r)) for k, r in zip(keys, table.rows, strict=False))]
+        encoded = [(task_hash(r.exp_meta.task_id), encode_row(r)) for r in table.each_row()]
+        keys = [k for k, _ in encoded]
+        entries = [(_CLEAR, 0, b""), *((_ROW, k, payload) for k, payload in encoded)]
         with lock_file(self._file("lock")):
             self._catch_up()
             self._append(entries)
