@@ -164,7 +164,8 @@ def touch(rb: Any) -> None:
     the ring does: a fresh mapping (spawn, and fork too: the kernel does not copy page tables of shared file
     mappings) pays one minor fault per 4 KB page at its first touch (an Atari row spans ~14 pages)."""
     for column in [*rb.shared.columns.values(), rb.shared.slots.gens]:
-        int(column.reshape(-1).view(torch.uint8)[::4096].sum())
+        # NumPy, not torch: a torch reduction in a fork child whose parent used OpenMP hangs in libgomp
+        int(column.numpy().reshape(-1).view(np.uint8)[::4096].sum())
 
 
 def timed_writer(rb: ReplayBuffer, kind: str, n: int, warm: bool, barrier: Any, out: Any) -> None:
