@@ -1,8 +1,11 @@
 """Many writers, one buffer: rows/s into a single-process buffer, a SharedBuffer (1 and N fork writers), a
 rate-limited buffer, and a Ray RemoteBuffer beside torchrl's RayReplayBuffer (writes of 256-row batches,
-single adds through ``writer()`` from writer actors on the node, sample(256) latency and rate, prefetch).
+single adds through ``writer()`` from writer actors on the node, sample(256) latency and rate, prefetch), and
+per-step single adds by 1, 2 and 4 writer processes into one plain ``ReplayBuffer`` shared with them
+(multiprocessing's pickler: shared-memory mode) beside the same adds into a plain single-process buffer.
 
     PYTHONPATH=. .venv/bin/python benchmarks/distributed_bench.py --rows 200000 --writers 2 [--no-ray | --ray-only]
+    PYTHONPATH=. .venv/bin/python benchmarks/distributed_bench.py --shared-only --rounds 3 [--start-method spawn]
 
 Rows are MuJoCo-sized transitions (obs 17, action 6 float32). One run, medians of the timed rounds; the
 machine is shared, so compare numbers from one run only.
@@ -11,12 +14,16 @@ machine is shared, so compare numbers from one run only.
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing as mp
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from objectrl_buffer import ReplayBuffer
@@ -56,8 +63,20 @@ def main() -> None:
     parser.add_argument("--no-ray", action="store_true")
     parser.add_argument("--ray-only", action="store_true", help="only the Ray rows (RemoteBuffer vs torchrl)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each Ray measure (median, spread)")
+    parser.add_argument(
+        "--shared-only", action="store_true", help="only single adds by 1, 2, 4 writer processes (no Ray)"
+    )
+    parser.add_argument("--mujoco-rows", type=int, default=50_000, help="--shared-only: rows per writer, MuJoCo")
+    parser.add_argument("--atari-rows", type=int, default=5_000, help="--shared-only: rows per writer, Atari")
+    parser.add_argument("--start-method", choices=["fork", "spawn"], default="fork", help="--shared-only")
     args = parser.parse_args()
     results: dict[str, Any] = {}
+    if args.shared_only:
+        print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, cores: {os.cpu_count()}")
+        results.update(many_writer_results(args.rounds, args.mujoco_rows, args.atari_rows, args.start_method))
+        print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        report(results)
+        return
     if args.ray_only:
         results.update(ray_results(args.rows, args.writers, args.rounds))
         report(results)
@@ -103,6 +122,135 @@ def report(results: dict[str, Any]) -> None:
             print(f"| {name} | {fmt.format(med)} ({fmt.format(low)}-{fmt.format(high)}) |")
         else:
             print(f"| {name} | {value:,.3f} |" if value < 100 else f"| {name} | {value:,.0f} |")
+
+
+# ------------------------------------------------------------------ shared-memory mode: many writer processes
+POOL = 64  # distinct rows each writer cycles through (what an env loop hands over: fresh arrays, no copies)
+ATARI_CAPACITY = 8_192  # 2 x 28 KB a row: ~0.46 GB a buffer; writers wrap around it
+
+
+def mujoco_row(i: int) -> dict[str, Any]:
+    """What a gymnasium MuJoCo loop holds per step: float32 arrays and Python numbers."""
+    return {
+        "state": np.full(17, i, np.float32),
+        "action": np.full(6, i, np.float32),
+        "reward": float(i),
+        "next_state": np.full(17, i + 1, np.float32),
+        "terminated": False,
+    }
+
+
+def atari_row(i: int) -> dict[str, Any]:
+    """An Atari step: stacked uint8 frames, a discrete action, a float reward."""
+    return {
+        "state": np.full((4, 84, 84), i % 251, np.uint8),
+        "action": i % 6,
+        "reward": float(i),
+        "next_state": np.full((4, 84, 84), (i + 1) % 251, np.uint8),
+        "terminated": False,
+    }
+
+
+ROWS: dict[str, Callable[[int], dict[str, Any]]] = {"MuJoCo": mujoco_row, "Atari": atari_row}
+
+
+def add_rows(add: Callable[[Any], None], pool: list[dict[str, Any]], n: int) -> None:
+    for i in range(n):
+        add(pool[i % POOL])
+
+
+def touch(rb: Any) -> None:
+    """Fault in this process's mapping of every shared page (one read a page), as a writer's first pass over
+    the ring does: a fresh mapping (spawn, and fork too: the kernel does not copy page tables of shared file
+    mappings) pays one minor fault per 4 KB page at its first touch (an Atari row spans ~14 pages)."""
+    for column in [*rb.shared.columns.values(), rb.shared.slots.gens]:
+        # NumPy, not torch: a torch reduction in a fork child whose parent used OpenMP hangs in libgomp
+        int(column.numpy().reshape(-1).view(np.uint8)[::4096].sum())
+
+
+def timed_writer(rb: ReplayBuffer, kind: str, n: int, warm: bool, barrier: Any, out: Any) -> None:
+    """A writer process: wait for every writer, then ``n`` single adds; report its (start, end) clock."""
+    pool = [ROWS[kind](i) for i in range(POOL)]
+    add = rb.add
+    add(pool[0])  # first use in this process (the lock file opened): not timed
+    if warm:
+        touch(rb)
+    barrier.wait()
+    start = time.perf_counter()  # CLOCK_MONOTONIC on Linux: one clock for every process
+    add_rows(add, pool, n)
+    out.put((start, time.perf_counter()))
+
+
+def filled(kind: str, capacity: int) -> ReplayBuffer:
+    """A plain buffer full of rows (every page of its storage touched: no first-write faults in a timed run)."""
+    rb = ReplayBuffer("cpu", "cpu", capacity, seed=0)
+    pool = [ROWS[kind](i) for i in range(POOL)]
+    chunk = {k: np.stack([np.asarray(row[k]) for row in pool]) for k in pool[0]}
+    for _ in range(-(-capacity // POOL)):
+        rb.add_batch(chunk)
+    return rb
+
+
+def cpu_per_add(add: Callable[[Any], None], pool: list[dict[str, Any]], n: int = 20_000) -> float:
+    """CPU time of one call in this process (``time.process_time``: not the time waiting for a core), in us."""
+    start = time.process_time()
+    add_rows(add, pool, n)
+    return 1e6 * (time.process_time() - start) / n
+
+
+def many_writer_results(rounds: int, mujoco_rows: int, atari_rows: int, method: str) -> dict[str, Any]:
+    """Per-step ``add`` by 1, 2, 4 writer processes into one shared plain buffer, beside single-process adds."""
+    out: dict[str, list[float]] = {}
+
+    def put(name: str, value: float) -> None:
+        out.setdefault(name, []).append(value)
+
+    ctx = mp.get_context(method)
+    for kind, per_writer in (("MuJoCo", mujoco_rows), ("Atari", atari_rows)):
+        capacity = 4 * per_writer if kind == "MuJoCo" else min(4 * per_writer, ATARI_CAPACITY)
+        pool = [ROWS[kind](i) for i in range(POOL)]
+        plain = filled(kind, capacity)
+        shared = filled(kind, capacity)
+        queue = mp.get_context("fork").SimpleQueue()  # multiprocessing's pickler: the buffer becomes shared
+        queue.put(shared)
+        queue.get().close()
+        add_rows(plain.add, pool, per_writer)  # warm
+        add_rows(shared.add, pool, per_writer)
+        for _ in range(rounds):
+            start = time.perf_counter()
+            add_rows(plain.add, pool, per_writer)
+            single = per_writer / (time.perf_counter() - start)
+            put(f"{kind}: plain ReplayBuffer, 1 process, add(), rows/s", single)
+            for writers, warm in itertools.product((1, 2, 4), (False, True)):
+                barrier, spans = ctx.Barrier(writers), ctx.Queue()
+                procs = [
+                    ctx.Process(target=timed_writer, args=(shared, kind, per_writer, warm, barrier, spans))
+                    for _ in range(writers)
+                ]
+                for p in procs:
+                    p.start()
+                times = [spans.get() for _ in procs]
+                for p in procs:
+                    p.join()
+                    assert p.exitcode == 0, p.exitcode
+                each = [per_writer / (end - begin) for begin, end in times]
+                wall = max(end for _, end in times) - min(begin for begin, _ in times)
+                name = f"{kind}: shared, {writers} writer(s), {'warm' if warm else 'cold'} mapping"
+                put(f"{name}, rows/s per writer (median)", statistics.median(each))
+                put(f"{name}, rows/s (all)", writers * per_writer / wall)
+                put(f"{name}, single / shared per writer", single / statistics.median(each))
+        assert len(shared) == capacity and shared.sample_batch(BATCH).batch_size[0] == BATCH
+        # where a shared add's time goes, CPU time in this one process (no other writer, no waiting for a core)
+        slots = shared.shared.slots
+        for _ in range(rounds):
+            put(f"{kind}: CPU us per add(), plain", cpu_per_add(plain.add, pool))
+            put(f"{kind}: CPU us per add(), shared", cpu_per_add(shared.add, pool))
+            # reserved, never written: those slots read as unfinished (skipped by samples) until rewritten
+            reserve_us = cpu_per_add(lambda _, s=slots: s.reserve(1), pool)
+            put(f"{kind}: CPU us per reserve(1) alone (the flock pair)", reserve_us)
+        plain.close()
+        shared.close()
+    return dict(out)
 
 
 # ---------------------------------------------------------------------------------------------- Ray
