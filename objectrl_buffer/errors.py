@@ -25,6 +25,7 @@ __all__ = [
     "RateLimitTimeout",
     "RateLimitDeadlock",
     "BufferUnavailable",
+    "ForkedBufferError",
 ]
 
 
@@ -106,6 +107,14 @@ class BufferUnavailable(ReplayBufferError, ConnectionError):
     """A remote buffer's shard (or its coordinator) stayed unreachable through every retry: its actor died for
     good or did not come back within ``retry_timeout_s``. The message names the shard and the call; a write
     that raised this may or may not be stored (retry it with the same writer: it is applied at most once)."""
+
+
+class ForkedBufferError(ReplayBufferError, RuntimeError):
+    """A write (``add``, ``add_batch``, ``extend``, ``reset``, ``load``, ``load_state_dict``) reached a CPU buffer
+    that this process inherited through ``fork`` without it being shared first. Its rows are the parent's
+    memory-mapped files while its counters are this process's private copy, so the write would overwrite the
+    parent's rows behind its back. Nothing was written; reads still work. The message says how to share it
+    (see :mod:`objectrl_buffer.distributed.process`)."""
 
 
 class CastWarning(UserWarning):

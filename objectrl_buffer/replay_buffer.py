@@ -109,6 +109,7 @@ class ReplayBuffer:
         self.generator.manual_seed(derived_seed() if seed is None else seed)
         self.rate_limiter = rate_limiter
         self._bind()
+        persistence.track_for_fork(self)  # a fork child may read it but not write it unless shared first
         if rate_limiter is not None:
             rate_limiter.attach(self)  # objectrl_buffer.flow gates add/add_batch/sample_batch
 
