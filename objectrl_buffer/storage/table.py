@@ -75,10 +75,16 @@ RESERVE_STEP_BYTES = 1 << 20
 SPLIT_BYTES = 2 << 20
 
 
-def _remove_folders(owned: dict[str, int]) -> None:
-    """Remove every folder in ``owned`` and release its lock (at close, or at exit for a storage never closed)."""
+def _remove_folders(owned: dict[str, int], owner_pid: int) -> None:
+    """Remove every folder in ``owned`` and release its lock (at close, or at exit for a storage never closed).
+
+    Only in the process that made them: a ``fork`` child that exits normally runs this finalizer too, and
+    must leave its parent's rows alone (it only closes its inherited descriptors; the parent's lock holds).
+    """
+    mine = os.getpid() == owner_pid
     for folder, lock in owned.items():
-        shutil.rmtree(folder, ignore_errors=True)
+        if mine:
+            shutil.rmtree(folder, ignore_errors=True)
         os.close(lock)
     owned.clear()
 
@@ -153,7 +159,7 @@ class TransitionStorage:
         self.torchrl: TensorStorage
         if device.type == "cpu":
             self.torchrl = LazyMemmapStorage(capacity, existsok=True, auto_cleanup=False, compilable=True)
-            self._finalizer = weakref.finalize(self, _remove_folders, self._folders)
+            self._finalizer = weakref.finalize(self, _remove_folders, self._folders, os.getpid())
             if self._parent is not None:
                 try:
                     self._make_folder(self._parent)

@@ -20,7 +20,7 @@ import torch
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.distributed.process import is_shared
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SchemaError
-from tests.distributed.test_shared import SLOW, SLOW_ONLY, assert_consistent, tagged
+from tests.distributed.test_shared import SLOW_ONLY, assert_consistent, tagged
 
 
 def one(writer: int, seq: int) -> dict[str, torch.Tensor]:
@@ -352,13 +352,6 @@ print(os.path.isdir(folder))
 """
 
 
-@pytest.mark.slow  # a fresh interpreter imports torch: seconds on a loaded machine
-@pytest.mark.skipif(not SLOW, reason="starts a fresh interpreter: set RUN_SLOW=1")
-@pytest.mark.xfail(
-    strict=True,
-    reason="TransitionStorage's exit finalizer has no pid check: a raw os.fork child exiting normally removes the "
-    "parent's storage folder (multiprocessing's children end with os._exit and are not affected)",
-)
 def test_a_raw_fork_child_exiting_normally_leaves_the_parents_files() -> None:
     import subprocess
     import sys
