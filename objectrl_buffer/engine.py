@@ -342,7 +342,8 @@ class Engine:
             values[INDEX_KEY] = slots
         if self.device != self.storing_device:
             values = {k: self.to_device(v) for k, v in values.items()}
-        return make_tensordict(values, slots.shape, self.device)
+        schema = storage.schema
+        return make_tensordict(values, slots.shape, self.device, schema is None or schema.nested)
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` on the training device; non-blocking only host -> device (a non-blocking

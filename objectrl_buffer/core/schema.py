@@ -142,6 +142,8 @@ class Schema:
             raise SchemaError("a transition needs at least one key besides 'index'")
         self.fields = tuple(fields)
         self.by_key = {f.key: f for f in fields}
+        #: Whether some key is nested (a tuple): reads then build nested TensorDicts.
+        self.nested = any(not isinstance(f.key, str) for f in fields)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Schema) and self.fields == other.fields

@@ -96,13 +96,18 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
-def make_tensordict(values: dict[Key, torch.Tensor], batch_size: torch.Size, device: torch.device | None) -> TensorDict:
+def make_tensordict(
+    values: dict[Key, torch.Tensor], batch_size: torch.Size, device: torch.device | None, nested: bool = True
+) -> TensorDict:
     """A TensorDict of freshly gathered tensors (all already on ``device``), without re-checking them.
 
-    Nested keys become nested dicts. The per-key checks of the public constructor are skipped
+    Nested keys become nested dicts (``nested=False`` says there are none: the per-step read then skips
+    the walk). The per-key checks of the public constructor are skipped
     (:func:`~objectrl_buffer.storage.torchrl_compat.new_tensordict`): the tensors were just produced with
     the right shapes and device.
     """
+    if not nested:
+        return torchrl_compat.new_tensordict(values, batch_size, device, nested=False)  # type: ignore[arg-type]
     source: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(key, str):
@@ -528,8 +533,9 @@ class TransitionStorage:
         arrays = self.arrays
         if arrays is not None:
             index = slots.numpy()
-            wanted = arrays.keys() if keys is None else keys
-            return {key: torch.from_numpy(arrays[key].take(index, axis=0)) for key in wanted}
+            if keys is None:
+                return {key: torch.from_numpy(array.take(index, axis=0)) for key, array in arrays.items()}
+            return {key: torch.from_numpy(arrays[key].take(index, axis=0)) for key in keys}
         columns = self.columns
         if keys is None:
             return {key: column.index_select(0, slots) for key, column in columns.items()}
