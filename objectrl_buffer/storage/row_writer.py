@@ -76,7 +76,7 @@ _NUMBERS = {
     # NaN passes (as in the checked path); beyond the column's range would become inf: refused
     "float": """
     if t is float:
-        if v{i} > m{i} or v{i} < -m{i}:
+        if v{i} > m{i} or v{i} < nm{i}:
             return False
     elif t is int or t is bool:
         if not l{i} <= v{i} <= h{i}:
@@ -132,7 +132,7 @@ def compile_row_writer(writer: FastWriter) -> RowWriter:
     checks, writes = [], []
     for i, (key, dtype, shape, array, scalar, low, high, limit, casts) in enumerate(writer.entries):
         namespace.update({f"k{i}": key, f"d{i}": dtype, f"s{i}": shape, f"a{i}": array, f"n{i}": array.dtype})
-        namespace.update({f"c{i}": casts, f"l{i}": low, f"h{i}": high, f"m{i}": limit})
+        namespace.update({f"c{i}": casts, f"l{i}": low, f"h{i}": high, f"m{i}": limit, f"nm{i}": -limit})
         if shape:
             checks.append(_ARRAY.format(i=i))
         else:
@@ -148,9 +148,12 @@ def compile_row_writer(writer: FastWriter) -> RowWriter:
         "def write_row(data, slot, cast_ok=()):\n"
         "    if slot >= bound[0]:\n"
         "        return False\n"
-        "    items = data if type(data) is dict else plain_items(data, 0)\n"
-        "    if items is None:\n"
-        "        return False\n"
+        "    if type(data) is dict:\n"
+        "        items = data\n"
+        "    else:\n"
+        "        items = plain_items(data, 0)\n"
+        "        if items is None:\n"
+        "            return False\n"
         f"    if len(items) != {n_keys} and (len(items) != {n_keys + 1} or INDEX_KEY not in items):\n"
         "        return False\n"
         "    try:" + "".join(check.replace("\n", "\n    ") for check in checks) + "\n"
