@@ -182,7 +182,8 @@ class SharedPrioritizedMode(SharedMode):
     def priority_state(self) -> dict[str, torch.Tensor]:
         return self.shared.priority_state()
 
-    load_priority_state = SharedMode._refused
+    def load_priority_state(self, state: Any) -> None:
+        self._refused()
 
     def snapshot(self) -> None:
         """Copy the committed shared rows and their priorities into this process's own storage (O(rows))."""
