@@ -302,7 +302,6 @@ class SharedBuffer:
                 return make_tensordict(out, torch.Size([k]), None)
         raise EmptyBufferError(f"no finished row to sample (reserved {self.reserved}, committed {self.committed()})")
 
-
     def draw(self, n: int) -> torch.Tensor | None:
         """``n`` slots to read (int64 ``[n]``), uniform over the slots held; ``None`` when none is held."""
         held = len(self)

@@ -200,4 +200,3 @@ def open_shared(folder: str) -> SharedBuffer:
     if os.path.exists(os.path.join(folder, _SETTINGS)):
         return SharedPrioritizedBuffer(folder)
     return SharedBuffer(folder)
-

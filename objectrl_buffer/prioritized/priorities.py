@@ -206,4 +206,3 @@ class Priorities:
         # cloned: multiprocessing's pickler hands tensors over in shared memory, tying the copy to the original
         self.__dict__.update({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
         self.rebuild()
-
