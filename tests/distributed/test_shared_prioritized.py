@@ -140,7 +140,7 @@ def test_pickle_and_deepcopy_of_a_shared_buffer_are_independent_plain_copies() -
     rb.close()
 
 
-def test_a_shared_buffer_checks_updates_and_keeps_alpha() -> None:
+def test_a_shared_buffer_checks_updates_and_keeps_alpha(tmp_path: Any) -> None:
     rb = per(10, rows=3)
     become_shared(rb)
     before = rb.priorities()
@@ -156,4 +156,7 @@ def test_a_shared_buffer_checks_updates_and_keeps_alpha() -> None:
     recent = rb.sample_batch(64, recent=2)  # over a snapshot, with the shared priorities
     assert set(recent["index"].tolist()) <= {1, 2} and recent["weight"].shape == (64,)
     assert torch.allclose(recent["weight"], expected_weights(rb, recent["index"]))
+    rb.save(tmp_path / "ckpt", data=True)  # a snapshot of the rows and their shared priorities
+    loaded = PrioritizedReplayBuffer.from_checkpoint(tmp_path / "ckpt", backend="torch")
+    assert torch.equal(loaded.priorities(), rb.priorities()) and loaded.max_priority == rb.max_priority
     rb.close()
