@@ -12,8 +12,9 @@ that reservations never wait on a priority update); draws take it too, so a draw
 updated. A writer sets its row's priority *after* committing the row, and only if the slot still holds that
 row (its commit generation is the row's), so a slot never drawable before its first commit, and a slow
 writer never overwrites the priority of a newer row at its slot. A slot drawn while it is being rewritten
-(its generation shows the write) is redrawn, as uniform samples are; a writer killed mid-write leaves its
-slot's old priority, so it is redrawn whenever drawn until rewritten.
+(its generation shows the write) is redrawn, as uniform samples are, and the sampler takes its sampling
+weight off (under the lock, if the slot is still being written: the writer's priority, set after its
+commit, gives it back), so a writer killed mid-write leaves a slot that is not drawn until rewritten.
 """
 
 from __future__ import annotations
@@ -175,6 +176,19 @@ class SharedPrioritizedBuffer(SharedBuffer):
             if not float(self.tree.total()) > 0:
                 return None
             return self.tree.sample(n, self.generator)
+
+    def passed_over(self, slots: torch.Tensor) -> None:
+        """Take the sampling weight off ``slots`` still being written (their raw priority stays): a heavy
+        slot that a writer left half-written (killed) is not drawn again and again until rewritten. The
+        writer's priority, set under the lock after its commit, gives the weight back."""
+        if slots.numel() == 0:
+            return
+        slots = slots.unique()
+        with self.priority_lock:
+            open_ = (self.slots.generations(slots) == 0).nonzero().squeeze(1)  # checked under the lock
+            if open_.numel():
+                slots = slots.index_select(0, open_)
+                self.tree.update(slots, torch.zeros(slots.shape, dtype=torch.float64))
 
     def weights(self, slots: torch.Tensor, beta: float) -> torch.Tensor:
         """``(P(i) / min_j P(j)) ** -beta`` over ``slots`` (float32 ``[k]``; computed in logs, as the

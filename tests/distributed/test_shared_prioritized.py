@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import multiprocessing as mp
+import os
 import pickle
+import signal
 import time
 from typing import Any
 
@@ -15,7 +17,7 @@ import torch
 from objectrl_buffer import PrioritizedReplayBuffer
 from objectrl_buffer.distributed.process import become_shared, is_shared
 from objectrl_buffer.errors import InvalidArgumentError, SlotIndexError
-from tests.distributed.test_process import one, write
+from tests.distributed.test_process import hang_mid_add, one, write
 from tests.distributed.test_shared import assert_consistent
 
 
@@ -159,4 +161,46 @@ def test_a_shared_buffer_checks_updates_and_keeps_alpha(tmp_path: Any) -> None:
     rb.save(tmp_path / "ckpt", data=True)  # a snapshot of the rows and their shared priorities
     loaded = PrioritizedReplayBuffer.from_checkpoint(tmp_path / "ckpt", backend="torch")
     assert torch.equal(loaded.priorities(), rb.priorities()) and loaded.max_priority == rb.max_priority
+    rb.close()
+
+
+def test_a_slot_being_written_is_never_served_even_at_the_top_priority() -> None:
+    rb = per(10, rows=5)
+    become_shared(rb)
+    rb.update_priority([0], [1_000.0])  # nearly all the mass
+    rb.shared.slots.begin(torch.tensor([0]))  # a writer rewriting slot 0 (or killed while at it)
+    batch = rb.sample_batch(256)
+    assert 0 not in batch["index"].tolist() and float(batch["weight"].max()) == 1.0
+    assert float(rb.priorities()[0]) == 1_000.0  # its weight is off until rewritten, its raw priority kept
+    rb.shared.slots.commit(torch.tensor([0]), torch.tensor([0]))
+    rb.update_priority([0], [1_000.0])  # as a writer's priority after its commit
+    assert 0 in rb.sample_batch(256)["index"].tolist()
+    rb.close()
+
+
+def hold_priority_lock(rb: PrioritizedReplayBuffer, flag: str) -> None:
+    with rb.shared.priority_lock:
+        open(flag, "w").close()
+        time.sleep(60)
+
+
+def test_a_writer_killed_mid_write_or_holding_the_priority_lock_blocks_nobody(tmp_path: Any) -> None:
+    rb = per(5, rows=5)  # a full ring: the next write rewrites slot 0, which holds the heaviest row
+    become_shared(rb)
+    rb.update_priority([0], [1_000.0])
+    ctx = mp.get_context("fork")
+    for i, target in enumerate((hang_mid_add, hold_priority_lock)):
+        flag = str(tmp_path / f"flag{i}")
+        proc = ctx.Process(target=target, args=(rb, flag))
+        proc.start()
+        while not os.path.exists(flag):
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        batch = rb.sample_batch(256)  # the half-written slot 0 is never served; the lock is free again
+        assert_consistent(batch)
+        assert 0 not in batch["index"].tolist()
+    rb.add(one(1, 1))  # slot 1 now: the max priority
+    rb.update_priority([2], [3.0])
+    assert rb.priorities().tolist() == [1_000.0, 1_000.0, 3.0, 1.0, 1.0] and rb.total_adds == 7
     rb.close()
