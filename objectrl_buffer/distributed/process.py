@@ -29,8 +29,13 @@ its run: the forks a user does not think of (DataLoader workers, gymnasium's ``A
 Reads that the shared rows do not serve natively (``sample_all``, ``sample_by_index``, n-step and
 ``recent`` samples, slices, epochs, ``save``, ``state_dict``) first copy the committed rows into this
 process's own storage (a snapshot, O(rows), at their shared slots) and then run as usual. ``reset``,
-``load`` and ``load_state_dict`` are refused (other processes hold the rows). Not built yet: a shared
-``PrioritizedReplayBuffer`` (its priorities would need a shared sum tree) and ``num_envs > 1``.
+``load`` and ``load_state_dict`` are refused (other processes hold the rows). Not built yet: ``num_envs > 1``.
+
+A ``PrioritizedReplayBuffer`` is shared with its priorities (a
+:class:`~objectrl_buffer.distributed.shared_prioritized.SharedPrioritizedBuffer`): every process's ``add``
+gives the new row the shared max priority, ``update_priority`` from any process changes what every process
+draws, and ``sample_batch`` draws by the shared priorities with the importance weights of the single-process
+buffer. ``alpha`` and ``eps`` are fixed once shared; ``beta`` is each process's own.
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ import torch
 from tensordict import TensorDict
 
 from objectrl_buffer.core.keys import INDEX_KEY
+from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.distributed.shared import SharedBuffer
+from objectrl_buffer.distributed.shared_prioritized import SharedPrioritizedBuffer, open_shared
 from objectrl_buffer.errors import InvalidArgumentError
 
 __all__ = ["reduce_for_process", "is_shared", "SharedMode"]
@@ -136,7 +143,53 @@ class SharedMode(_Base):
     def __reduce_ex__(self, protocol: Any) -> Any:
         # plain pickle / deepcopy / torch.save: an independent, ordinary buffer of the original class
         self.snapshot()
-        return _plain_copy, (type(self).__mro__[2], self.__getstate__())
+        return _plain_copy, (_base(type(self)), self.__getstate__())
+
+
+class SharedPrioritizedMode(SharedMode):
+    """What a ``PrioritizedReplayBuffer``'s class gains once it is shared: priorities in shared files."""
+
+    shared: SharedPrioritizedBuffer
+
+    def sample_batch(self, batch_size: int, **kwargs: Any) -> TensorDict:
+        if any(value is not None for key, value in kwargs.items() if key != "gamma"):
+            return super().sample_batch(batch_size, **kwargs)  # over a snapshot, with its priorities
+        out = self.shared.sample_batch(batch_size, self.beta)
+        return out if self.device.type == "cpu" else out.to(self.device, non_blocking=True)
+
+    def update_priority(self, index: Any, priority: Any) -> None:
+        ring = Ring(self.shared.capacity, len(self.shared))  # the slots of every process's rows
+        self.shared.update_priority(*self.checked_priorities(index, priority, ring))
+
+    def importance_weights(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.shared.weights(slots, self.beta)
+
+    @property
+    def max_priority(self) -> float:
+        return self.shared.max_priority
+
+    @property
+    def alpha(self) -> float:
+        return self.shared.alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        raise InvalidArgumentError("alpha of a shared buffer is fixed: other processes draw by its weights")
+
+    def priorities(self) -> torch.Tensor:
+        return self.shared.priority[: len(self.shared)].clone()
+
+    def priority_state(self) -> dict[str, torch.Tensor]:
+        return self.shared.priority_state()
+
+    def load_priority_state(self, state: Any) -> None:
+        self._refused()
+
+    def snapshot(self) -> None:
+        """Copy the committed shared rows and their priorities into this process's own storage (O(rows))."""
+        super().snapshot()
+        base: Any = super(SharedMode, self)
+        base.load_priority_state(self.shared.priority_state())
 
 
 def _plain_copy(cls: Any, state: dict[str, Any]) -> Any:
@@ -145,20 +198,21 @@ def _plain_copy(cls: Any, state: dict[str, Any]) -> Any:
     return buffer
 
 
+def _base(cls: type) -> type:
+    """The buffer class a shared class was made from."""
+    return next(c for c in cls.__mro__ if not issubclass(c, SharedMode))
+
+
 def _shared_class(cls: type) -> type:
     shared = _CLASSES.get(cls)
     if shared is None:
-        shared = type(f"Shared{cls.__name__}", (SharedMode, cls), {"__module__": cls.__module__})
+        mode = SharedPrioritizedMode if hasattr(cls, "update_priority") else SharedMode
+        shared = type(f"Shared{cls.__name__}", (mode, cls), {"__module__": cls.__module__})
         _CLASSES[cls] = shared
     return shared
 
 
 def _check(buffer: Any) -> None:
-    if hasattr(buffer, "update_priority"):
-        raise InvalidArgumentError(
-            f"{type(buffer).__name__} cannot be shared with child processes yet (priorities would need a shared "
-            "sum tree); share a ReplayBuffer, or serve it with objectrl_buffer.distributed.RemoteBuffer"
-        )
     if torch.device(buffer.storing_device).type != "cpu":
         raise InvalidArgumentError(f"storing_device must be cpu to share a buffer, got {buffer.storing_device}")
     if buffer.num_envs != 1:
@@ -180,9 +234,18 @@ def become_shared(buffer: Any) -> None:
     _check(buffer)
     held = len(buffer)
     start = buffer.pointer if held == buffer.buffer_size else 0  # the rows keep their slots
-    shared = SharedBuffer.create(buffer.schema, buffer.buffer_size, start=start)
+    shared: SharedBuffer
+    if hasattr(buffer, "update_priority"):
+        shared = SharedPrioritizedBuffer.create(
+            buffer.schema, buffer.buffer_size, start=start, alpha=buffer.alpha, eps=buffer.eps
+        )
+    else:
+        shared = SharedBuffer.create(buffer.schema, buffer.buffer_size, start=start)
     if held:
         shared.add_batch(buffer.sample_all().exclude(INDEX_KEY))
+    if isinstance(shared, SharedPrioritizedBuffer):  # the rows kept their slots: so do their priorities
+        state = buffer.priority_state()
+        shared.load_priorities(state["priority"], float(state["max_priority"]))
     buffer.engine.clear()  # its own storage keeps only snapshots from now on
     _attach(buffer, shared)
 
@@ -201,7 +264,7 @@ def _attach(buffer: Any, shared: SharedBuffer) -> None:
 
 def _rebuild(cls: type, folder: str, device: torch.device, settings: dict[str, Any]) -> Any:
     """In the child: a buffer of ``cls`` attached to the shared files in ``folder``."""
-    shared = SharedBuffer(folder)
+    shared = open_shared(folder)
     buffer = cls(device, "cpu", shared.capacity, **settings)
     _attach(buffer, shared)
     return buffer
@@ -215,5 +278,7 @@ def reduce_for_process(buffer: Any) -> tuple[Any, ...]:
         "transition_keys": buffer.transition_keys,
         "rate_limiter": getattr(buffer, "rate_limiter", None),
     }
-    base = type(buffer).__mro__[2]
-    return _rebuild, (base, buffer.shared.folder, buffer.device, settings)
+    if isinstance(buffer.shared, SharedPrioritizedBuffer):
+        # the child's own index is used only for its snapshots: our tree, whatever the parent's backend
+        settings.update(alpha=buffer.alpha, beta=buffer.beta, eps=buffer.eps, backend="torch")
+    return _rebuild, (_base(type(buffer)), buffer.shared.folder, buffer.device, settings)

@@ -115,6 +115,13 @@ class SharedBuffer:
     ) -> SharedBuffer:
         """A new, empty shared buffer (this process owns its files: :meth:`close` removes them); the first
         row goes to slot ``start % capacity``."""
+        return cls(cls.make_folder(schema, capacity, folder, start=start), seed=seed, owner=True)
+
+    @staticmethod
+    def make_folder(
+        schema: Schema, capacity: int, folder: str | os.PathLike[str] | None = None, *, start: int = 0
+    ) -> str:
+        """Lay out the files of a new, empty shared buffer in a new folder (under ``folder``); return its path."""
         capacity = positive_int(capacity, "capacity")
         parent = str(folder) if folder is not None else ("/dev/shm" if os.path.isdir("/dev/shm") else None)
         path = tempfile.mkdtemp(prefix="objectrl-shared-", dir=parent)
@@ -132,12 +139,12 @@ class SharedBuffer:
             f.write(layout)
 
         atomic_write(os.path.join(path, _LAYOUT), write)
-        return cls(path, seed=seed, owner=True)
+        return path
 
     # ------------------------------------------------------------------ handles
     def __reduce__(self) -> tuple[Any, ...]:
         # every pickle is a handle on the same files (a child's generator is seeded afresh)
-        return (SharedBuffer, (self.folder,))
+        return (type(self), (self.folder,))
 
     def close(self) -> None:
         """Drop this handle's mappings; the owner also removes the files (children keep theirs until they exit)."""
@@ -175,8 +182,9 @@ class SharedBuffer:
     data_size = property(__len__, doc="``len(self)`` (ObjectRL's name).")
 
     # ------------------------------------------------------------------ writes
-    def add(self, transition: TensorDictBase | Mapping[str, Any]) -> None:
-        """Store one transition (checked against the schema as a buffer's ``add``).
+    def add(self, transition: TensorDictBase | Mapping[str, Any]) -> int:
+        """Store one transition (checked against the schema as a buffer's ``add``); return its sequence number
+        (rows ever reserved before it: its slot is ``seq % capacity``).
 
         A refused write stores nothing and keeps every row, but its reserved slot is spent (``reserved``
         counts it; the slot keeps its previous row, or stays empty until rewritten).
@@ -193,17 +201,21 @@ class SharedBuffer:
             gens[word] = 0
             if fast.write_row(transition, word - 1, self._warned):
                 gens[word] = seq + 1
-                return
+                return seq
             gens[word] = before  # declined before writing anything: the slot keeps its row
             if not self.slots.unreserve(seq, 1):
                 pairs, _ = self.schema.check(transition, batch_dims=0, warned=self._warned)  # the slot is spent
-                self._write_at(seq, [(f, torch.as_tensor(v, dtype=f.dtype).reshape(1, *f.shape)) for f, v in pairs], 1)
-                return
+                return self._write_at(
+                    seq, [(f, torch.as_tensor(v, dtype=f.dtype).reshape(1, *f.shape)) for f, v in pairs], 1
+                )
         pairs, _ = self.schema.check(transition, batch_dims=0, warned=self._warned)
-        self._write([(f, torch.as_tensor(v, dtype=f.dtype).reshape(1, *f.shape)) for f, v in pairs], 1)
+        return self._write([(f, torch.as_tensor(v, dtype=f.dtype).reshape(1, *f.shape)) for f, v in pairs], 1)
 
-    def add_batch(self, batch: TensorDictBase | Mapping[str, Any]) -> None:
-        """Store ``N`` transitions at reserved slots (``N > capacity`` keeps the newest). Raises as :meth:`add`."""
+    def add_batch(self, batch: TensorDictBase | Mapping[str, Any]) -> tuple[int, int]:
+        """Store ``N`` transitions at reserved slots (``N > capacity`` keeps the newest). Raises as :meth:`add`.
+
+        Returns ``(seq, N)``: the rows got the sequence numbers ``seq .. seq + N - 1`` (the newest ``capacity`` kept).
+        """
         fast = self.fast
         n = batch_rows(batch) if fast is not None else 0
         if n:
@@ -213,35 +225,33 @@ class SharedBuffer:
             self.slots.begin(slots)
             if fast.write_batch(batch, Ring(self.capacity, self.capacity, seq % self.capacity)) >= 0:  # type: ignore[union-attr]
                 self.slots.commit(slots, seqs)
-                return
+                return seq, n
             self.slots.gens.index_copy_(0, slots, before)  # declined before writing anything
             if not self.slots.unreserve(seq, n):
                 pairs, m = self.schema.check(batch, batch_dims=1, warned=self._warned)  # the slots are spent
                 values = [(f, torch.as_tensor(v, dtype=f.dtype)) for f, v in pairs]
-                if m == n:
-                    self._write_at(seq, values, n)
-                else:
-                    self._write(values, m)
-                return
+                return (self._write_at(seq, values, n), n) if m == n else (self._write(values, m), m)
         pairs, n = self.schema.check(batch, batch_dims=1, warned=self._warned)
         if n:
-            self._write([(f, torch.as_tensor(v, dtype=f.dtype)) for f, v in pairs], n)
+            return self._write([(f, torch.as_tensor(v, dtype=f.dtype)) for f, v in pairs], n), n
+        return self.slots.reserved, 0
 
     def _placed(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         keep = min(n, self.capacity)
         seqs = torch.arange(start + n - keep, start + n, dtype=torch.int64)
         return seqs, seqs % self.capacity
 
-    def _write(self, pairs: list[tuple[Field, torch.Tensor]], n: int) -> None:
-        self._write_at(self.slots.reserve(n), pairs, n)
+    def _write(self, pairs: list[tuple[Field, torch.Tensor]], n: int) -> int:
+        return self._write_at(self.slots.reserve(n), pairs, n)
 
-    def _write_at(self, start: int, pairs: list[tuple[Field, torch.Tensor]], n: int) -> None:
+    def _write_at(self, start: int, pairs: list[tuple[Field, torch.Tensor]], n: int) -> int:
         keep = min(n, self.capacity)
         seqs, slots = self._placed(start, n)
         self.slots.begin(slots)
         for field, value in pairs:
             self.columns[field.key].index_copy_(0, slots, value[n - keep :])  # not col[slots] = ...: ~1000x slower
         self.slots.commit(slots, seqs)
+        return start
 
     # ------------------------------------------------------------------ reads
     def rows(self) -> TensorDict:
@@ -271,10 +281,9 @@ class SharedBuffer:
         index = torch.empty(k, dtype=torch.int64)
         todo = torch.arange(k)
         for _ in range(_MAX_TRIES):
-            held = len(self)
-            if held == 0:
+            slots = self.draw(todo.numel())
+            if slots is None:
                 break
-            slots = torch.randint(0, held, (todo.numel(),), generator=self.generator)
             before = self.slots.generations(slots)
             rows = {key: column.index_select(0, slots) for key, column in self.columns.items()}
             ok = (before > 0) & (before == self.slots.generations(slots))
@@ -282,6 +291,7 @@ class SharedBuffer:
                 rows[INDEX_KEY] = slots
                 return make_tensordict(rows, torch.Size([k]), None)
             # index_select/index_copy_ only: boolean and advanced indexing are ~1000x slower here
+            self.passed_over(slots.index_select(0, (before == 0).nonzero().squeeze(1)))
             good = ok.nonzero().squeeze(1)
             done = todo.index_select(0, good)
             for key, value in rows.items():
@@ -292,6 +302,15 @@ class SharedBuffer:
                 out[INDEX_KEY] = index
                 return make_tensordict(out, torch.Size([k]), None)
         raise EmptyBufferError(f"no finished row to sample (reserved {self.reserved}, committed {self.committed()})")
+
+    def draw(self, n: int) -> torch.Tensor | None:
+        """``n`` slots to read (int64 ``[n]``), uniform over the slots held; ``None`` when none is held."""
+        held = len(self)
+        return torch.randint(0, held, (n,), generator=self.generator) if held else None
+
+    def passed_over(self, slots: torch.Tensor) -> None:
+        """Told of drawn ``slots`` found being written (or left so by a writer that died): uniform draws just
+        redraw them."""
 
 
 def _remove_folder(folder: str, pid: int) -> None:

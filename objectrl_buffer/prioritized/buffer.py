@@ -37,12 +37,13 @@ from tensordict import TensorDict
 
 from objectrl_buffer import reads
 from objectrl_buffer.core.keys import WEIGHT_KEY
-from objectrl_buffer.core.validate import buffer_devices, positive_int, real_in
+from objectrl_buffer.core.ring import Ring
+from objectrl_buffer.core.validate import buffer_devices, positive_int, real_in, slot_indices
 from objectrl_buffer.engine import Slots, Transition
 from objectrl_buffer.errors import InvalidArgumentError
 from objectrl_buffer.prioritized.checkpoint import RANGES
 from objectrl_buffer.prioritized.index import Backend, check_backend
-from objectrl_buffer.prioritized.priorities import Priorities
+from objectrl_buffer.prioritized.priorities import Priorities, last_per_slot
 from objectrl_buffer.replay_buffer import ReplayBuffer
 from objectrl_buffer.sampling.nstep import check_n_step
 
@@ -149,7 +150,18 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 infinite, or so large that ``(p + eps) ** alpha * buffer_size`` is not finite.
             SlotIndexError: a slot is out of range.
         """
-        slots = self._engine.slots(index, "index")
+        self._priorities.update(*self.checked_priorities(index, priority))
+
+    def checked_priorities(
+        self, index: Slots, priority: torch.Tensor | Any, ring: Ring | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`update_priority`'s arguments checked (against ``ring``, the buffer's own by default), as
+        distinct int64 slots and their float64 priorities (the last value of a slot given twice).
+
+        Raises:
+            as :meth:`update_priority`.
+        """
+        slots = slot_indices(index, self._engine.ring if ring is None else ring, self.storing_device, "index")
         if isinstance(priority, torch.Tensor):
             values = priority.detach()
         else:
@@ -172,7 +184,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise InvalidArgumentError(
                 f"priorities must be finite and >= 0, got {float(values[at])} for slot {int(slots[at])}"
             )
-        self._priorities.update(slots, values)
+        if slots.numel():
+            self._priorities.check_fits(values.max(), "priority")
+        return last_per_slot(slots, values)
 
     def priorities(self) -> torch.Tensor:
         """A copy of the raw priorities of the live slots, ``[len(buffer)]`` float64, slot order."""

@@ -20,7 +20,19 @@ from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError
 from objectrl_buffer.prioritized.checkpoint import NAME, priority_extras, saved_priorities, saved_settings
 from objectrl_buffer.prioritized.index import Backend, PriorityIndex, make_priority_index
 
-__all__ = ["Priorities"]
+__all__ = ["Priorities", "last_per_slot"]
+
+
+def last_per_slot(slots: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``slots`` (1-D int64) and ``values`` (one each) with only the last value of each repeated slot."""
+    if slots.numel() <= 1:
+        return slots, values
+    order = torch.sort(slots, stable=True).indices
+    ordered = slots[order]
+    last = torch.ones_like(ordered, dtype=torch.bool)
+    last[:-1] = ordered[1:] != ordered[:-1]
+    keep = order[last]
+    return slots[keep], values[keep]
 
 
 class Priorities:
@@ -102,18 +114,10 @@ class Priorities:
 
     # ------------------------------------------------------------------ updates
     def update(self, slots: torch.Tensor, values: torch.Tensor) -> None:
-        """Set ``values`` (float64, finite, >= 0, one per slot of ``slots``; checked by the caller) at
-        valid ``slots``; a slot given twice takes the last value. Raises before changing anything."""
+        """Set ``values`` (float64, finite, >= 0, fitting :meth:`check_fits`, one per slot of ``slots``;
+        checked by the caller) at distinct valid ``slots`` (see :func:`last_per_slot`)."""
         if slots.numel() == 0:
             return
-        self.check_fits(values.max(), "priority")
-        if slots.numel() > 1:  # keep the last value of each repeated slot
-            order = torch.sort(slots, stable=True).indices
-            ordered = slots[order]
-            last = torch.ones_like(ordered, dtype=torch.bool)
-            last[:-1] = ordered[1:] != ordered[:-1]
-            keep = order[last]
-            slots, values = slots[keep], values[keep]
         self.priority[slots] = values
         self.index.set(slots, values)
         self.max_priority = torch.maximum(self.max_priority, values.max())
@@ -202,4 +206,3 @@ class Priorities:
         # cloned: multiprocessing's pickler hands tensors over in shared memory, tying the copy to the original
         self.__dict__.update({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
         self.rebuild()
-

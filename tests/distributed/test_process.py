@@ -212,8 +212,11 @@ def test_shared_buffer_refuses_what_it_cannot_do(tmp_path: Any) -> None:
     assert torch.equal(loaded.sample_all()["seq"], rb.sample_all()["seq"])
     per = PrioritizedReplayBuffer("cpu", "cpu", 10, seed=0)
     per.add(one(0, 0))
-    with pytest.raises(InvalidArgumentError, match="cannot be shared"):
-        queue.put(per)
+    queue.put(per)  # shared with its priorities (tests/distributed/test_shared_prioritized.py)
+    queue.get().close()
+    with pytest.raises(InvalidArgumentError, match="shared buffer"):
+        per.load_priority_state(per.priority_state())
+    per.close()
     empty = ReplayBuffer("cpu", "cpu", 10, seed=0)
     with pytest.raises(InvalidArgumentError, match="add a row"):
         queue.put(empty)
