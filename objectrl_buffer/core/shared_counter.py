@@ -4,8 +4,11 @@ The file holds ``1 + capacity`` int64 values, mapped ``MAP_SHARED`` by every pro
 ``[0]`` counts rows ever reserved, ``[1 + s]`` is the commit generation of slot ``s``: ``seq + 1`` of the row
 committed there (``seq``: its number among all rows ever reserved), or 0 while nothing finished is there.
 
-* :meth:`SharedSlots.reserve` bumps the counter under a :class:`~objectrl_buffer.core.sync.FileLock` on the
-  file (a ``flock`` the kernel releases if its holder dies); the lock covers only the increment, never a copy.
+* :meth:`SharedSlots.reserve` bumps the counter with one atomic fetch-add (:mod:`objectrl_buffer.core.atomic`:
+  ~0.35 us, nothing held, nothing to release if the caller dies; two writers on two cores never put each other
+  to sleep). Where this machine has no lock-free atomics it takes a :class:`~objectrl_buffer.core.sync.FileLock`
+  on the file instead (a ``flock`` the kernel releases if its holder dies: ~1.1 us, ~3 us contended); every
+  process on one machine makes the same choice. Either way the copy is never under a lock.
 * A writer :meth:`~SharedSlots.begin` s its slots (generation 0), copies its rows, then
   :meth:`~SharedSlots.commit` s them (``seq + 1``).
 * A reader takes the generations before (:meth:`~SharedSlots.generations`) and after reading rows, and keeps
@@ -22,6 +25,7 @@ import os
 
 import torch
 
+from objectrl_buffer.core import atomic
 from objectrl_buffer.core.sync import FileLock
 
 __all__ = ["SharedSlots"]
@@ -49,6 +53,8 @@ class SharedSlots:
         words = torch.from_file(path, shared=True, size=1 + capacity, dtype=torch.int64)
         self.gens = words[1:]
         self.words = words.numpy()  # the same memory: scalar loads and stores at NumPy's cost
+        self._words = words  # keeps the mapping alive under the atomic's raw address
+        self.counter = atomic.load(words.data_ptr())
         self.lock = FileLock(path)
 
     @property
@@ -58,6 +64,8 @@ class SharedSlots:
 
     def reserve(self, n: int) -> int:
         """Reserve ``n`` rows: return the ``seq`` of the first (the next ``n`` are this caller's)."""
+        if self.counter is not None:
+            return self.counter.fetch_add(n)
         lock, words = self.lock, self.words
         lock.acquire()
         try:
@@ -69,6 +77,8 @@ class SharedSlots:
 
     def unreserve(self, start: int, n: int) -> bool:
         """Give back the ``n`` rows from ``start`` if nobody reserved after them; ``False`` (spent) otherwise."""
+        if self.counter is not None:
+            return self.counter.compare_exchange(start + n, start)
         lock, words = self.lock, self.words
         lock.acquire()
         try:
