@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import warnings
-import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,6 +19,7 @@ from objectrl_buffer.checkpoint.extras import collect, own, saved_kwargs
 from objectrl_buffer.checkpoint.generations import Restored, load_checkpoint, restore_devices, save_checkpoint
 from objectrl_buffer.checkpoint.state_dict import make_state_dict, restore_state_dict
 from objectrl_buffer.core.ring import Ring
+from objectrl_buffer.forks import track_for_fork
 
 if TYPE_CHECKING:
     from objectrl_buffer.replay_buffer import ReplayBuffer
@@ -33,7 +33,6 @@ __all__ = [
     "load_state_dict",
     "copy_state",
     "from_copy_state",
-    "track_for_fork",
 ]
 
 RB = TypeVar("RB", bound="ReplayBuffer")
@@ -175,86 +174,3 @@ _NOT_COPIED = (
     *("add", "add_batch", "sample_batch", "epoch_iterator", "generator", "shared"),
     *("forked_from", "reset", "load", "load_state_dict", "close"),
 )
-
-
-def reduce_for_process(rb: ReplayBuffer) -> tuple[Any, ...]:
-    """``multiprocessing``'s pickler only: share ``rb``'s rows with the child
-    (:mod:`objectrl_buffer.distributed.process`).
-
-    Raises:
-        ForkedBufferError: ``rb`` was inherited through ``fork`` unshared (share it in the parent instead).
-    """
-    if "forked_from" in rb.__dict__:
-        _refuse(rb, "handing it to another process")
-    from objectrl_buffer.distributed.process import reduce_for_process as share_rows
-
-    return share_rows(rb)
-
-
-# ---------------------------------------------------------------------- buffers inherited through fork
-# A CPU buffer's rows live in MAP_SHARED files (torchrl memmaps), and ``fork`` copies only its counters: a
-# fork child writing into a buffer that was not shared before the fork would overwrite the parent's rows
-# behind the parent's counters (and the parent's later writes would overwrite the child's). So every such
-# buffer is made read-only in the child at the fork itself. Why not share every buffer before each fork
-# instead (``register_at_fork(before=...)``): sharing copies every row into /dev/shm (the rows' own files
-# are not laid out, reserved or owned for several writers), and the forks a user does not think of
-# (DataLoader workers, gymnasium's AsyncVectorEnv, a library's helper process) would silently pay that copy
-# and switch the parent to the slower shared path for the rest of the run, racing any thread mid-write.
-
-#: Every live CPU buffer of this process that may own memory-mapped rows (weakly: tracking keeps none alive).
-_LIVE: weakref.WeakSet[ReplayBuffer] = weakref.WeakSet()
-#: In a fork child, the buffers it inherited: kept alive so that collecting them never removes the parent's files.
-_INHERITED: list[ReplayBuffer] = []
-#: What a fork child may not call on an inherited buffer (``extend`` goes through ``add_batch``).
-_WRITES = ("add", "add_batch", "reset", "load", "load_state_dict")
-
-
-def track_for_fork(rb: ReplayBuffer) -> None:
-    """Guard ``rb`` against writes from the fork children of this process (CPU storage only: only memory-mapped
-    rows outlive a fork as shared memory); called by the buffer's constructor."""
-    if rb.storing_device.type == "cpu":
-        _LIVE.add(rb)
-
-
-def _refuse(rb: ReplayBuffer, what: str) -> None:
-    from objectrl_buffer.errors import ForkedBufferError
-
-    raise ForkedBufferError(
-        f"{type(rb).__name__}: {what} refused: this process (pid {os.getpid()}) inherited the buffer through "
-        f"fork from pid {rb.__dict__['forked_from']} without it being shared, so its rows are the parent's "
-        "memory-mapped files while its counters are this process's own copy: a write here would overwrite the "
-        "parent's rows behind its back. Reads still work. To write from child processes, share it with them: "
-        "pass it through a multiprocessing Queue or Pipe, or as a Process argument under the 'spawn' or "
-        "'forkserver' start method (multiprocessing's pickler shares it), or call "
-        "objectrl_buffer.distributed.become_shared(buffer) in the parent before forking"
-    )
-
-
-def _guard(rb: ReplayBuffer, parent: int) -> None:
-    def refusal(name: str) -> Any:
-        def refuse(*args: Any, **kwargs: Any) -> None:
-            _refuse(rb, name)
-
-        return refuse
-
-    rb.__dict__["forked_from"] = parent
-    for name in _WRITES:
-        rb.__dict__[name] = refusal(name)  # shadows the class's method (and a rate limiter's gate)
-    rb.__dict__["close"] = _leave_files  # the parent owns the files: closing here must not remove them
-    _INHERITED.append(rb)
-
-
-def _leave_files() -> None:
-    """``close()`` of a buffer inherited through fork: nothing to free here (the parent owns the files)."""
-
-
-def _guard_inherited() -> None:
-    parent = os.getppid()
-    for rb in list(_LIVE):
-        if "shared" in rb.__dict__ or "forked_from" in rb.__dict__ or rb.engine.storage.closed:
-            continue  # shared before the fork (its writes are safe), already guarded, or closed
-        _guard(rb, parent)
-    _LIVE.clear()  # the inherited buffers are this process's no more (buffers made from now on are)
-
-
-os.register_at_fork(after_in_child=_guard_inherited)

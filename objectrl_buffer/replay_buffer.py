@@ -19,7 +19,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import TensorDictReplayBuffer
 
-from objectrl_buffer import persistence, reads
+from objectrl_buffer import forks, persistence, reads
 from objectrl_buffer.checkpoint.extras import ExtraState
 from objectrl_buffer.core import validate
 from objectrl_buffer.core.schema import Key
@@ -109,13 +109,13 @@ class ReplayBuffer:
         self.generator.manual_seed(derived_seed() if seed is None else seed)
         self.rate_limiter = rate_limiter
         self._bind()
-        persistence.track_for_fork(self)  # a fork child may read it but not write it unless shared first
+        forks.track_for_fork(self)  # a fork child may read it but not write it unless shared first
         if rate_limiter is not None:
             rate_limiter.attach(self)  # objectrl_buffer.flow gates add/add_batch/sample_batch
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        ForkingPickler.register(cls, persistence.reduce_for_process)
+        ForkingPickler.register(cls, forks.reduce_for_process)
 
     def _bind(self) -> None:
         # The per-env-step call goes straight to the engine: no extra Python frame on the hot path.
@@ -362,4 +362,4 @@ class ReplayBuffer:
 
 
 # Handed to a child process by multiprocessing's own pickler, a buffer shares its rows (pickle copies them).
-ForkingPickler.register(ReplayBuffer, persistence.reduce_for_process)
+ForkingPickler.register(ReplayBuffer, forks.reduce_for_process)

@@ -11,20 +11,10 @@ O(rows): ~1 s per GB), it keeps its slots, counters and generator, and from then
 process that holds it. The child gets a buffer of the same class attached to the same files. The parent
 owns the files (removed at its :meth:`close` or exit); a child's handle keeps its mapping until it exits.
 
-``fork``: ``Process`` arguments are not pickled there, so a buffer reaches a fork child only as an
-inherited object. One shared before the fork (through a ``Queue``/``Pipe``, or :func:`become_shared`) stays
-shared in the child. One *not* shared before the fork is **read-only** in the child: its rows are the
-parent's memory-mapped files (``MAP_SHARED``) while its counters are the child's private copy, so a child's
-write would overwrite the parent's rows behind its counters. ``add``, ``add_batch``, ``extend``, ``reset``,
-``load`` and ``load_state_dict`` there raise :class:`~objectrl_buffer.errors.ForkedBufferError` (saying how
-to share it), reads work (they see the parent's rows as the parent writes them), ``close`` leaves the
-parent's files alone, a plain ``pickle`` copy is an ordinary writable buffer of the child, and handing it
-on to another process is refused. The guard is set at the fork itself (``os.register_at_fork``), for every
-fork: DataLoader workers and vector-env workers that only read a buffer are not affected.
-Why the buffer is not simply shared before every fork: sharing copies every row into ``/dev/shm`` (O(rows),
-~1 s per GB; the rows' own files are reserved lazily and owned by one storage, so several writers cannot use
-them in place without a storage redesign) and switches the parent to the shared write path for the rest of
-its run: the forks a user does not think of (DataLoader workers, gymnasium's ``AsyncVectorEnv``) would pay both.
+``fork``: ``Process`` arguments are not pickled there; the buffers a forking ``Process`` holds are shared
+just before the fork instead, and every other buffer a fork child inherits is read-only there
+(:mod:`objectrl_buffer.forks` says which and why). One shared before the fork (through a ``Queue``/``Pipe``,
+or :func:`become_shared`) stays shared in the child.
 
 Reads that the shared rows do not serve natively (``sample_all``, ``sample_by_index``, n-step and
 ``recent`` samples, slices, epochs, ``save``, ``state_dict``) first copy the committed rows into this
@@ -222,9 +212,10 @@ def _check(buffer: Any) -> None:
 
 
 def become_shared(buffer: Any) -> None:
-    """Move ``buffer``'s rows into shared files and switch it to them, in place (see the module docs): call it
-    before forking children that write into a buffer handed to them as a ``fork`` ``Process`` argument.
-    O(rows) (one copy of every row); a no-op on a buffer already shared.
+    """Move ``buffer``'s rows into shared files and switch it to them, in place (see the module docs): what
+    handing it to a child process does; call it before a ``fork`` that hands it over some other way (a
+    global, an object the ``Process`` does not hold). O(rows) (one copy of every row); a no-op on a buffer
+    already shared.
 
     Raises:
         InvalidArgumentError: a prioritized buffer, storage off the CPU, ``num_envs > 1`` or no schema yet.

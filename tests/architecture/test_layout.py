@@ -20,9 +20,10 @@ ALLOWED: dict[str, set[str]] = {
     "sampling": {"core"},
     "checkpoint": {"core", "storage"},
     "engine": {"core", "storage", "sampling", "checkpoint"},
-    "persistence": {"core", "storage", "sampling", "checkpoint", "engine"},
+    "forks": set(),  # the shared mode it hands buffers to is imported lazily (a room above)
+    "persistence": {"core", "storage", "sampling", "checkpoint", "engine", "forks"},
     "reads": {"core", "storage", "sampling", "checkpoint", "engine"},
-    "replay_buffer": {"core", "storage", "sampling", "checkpoint", "engine", "persistence", "reads"},
+    "replay_buffer": {"core", "storage", "sampling", "checkpoint", "engine", "forks", "persistence", "reads"},
     "prioritized": {"core", "storage", "sampling", "checkpoint", "engine", "replay_buffer", "reads"},
     "cli": {"core", "storage", "checkpoint"},
     "__init__": {"*"},
@@ -32,7 +33,8 @@ ALLOWED: dict[str, set[str]] = {
 ROOM_ALLOWED = {"core", "storage", "sampling", "checkpoint", "engine", "flow"}
 #: Rooms beside the facade: none of them imports another.
 ROOMS = {"prioritized", "tasks", "trajectory", "async_buffer", "distributed", "flow"}
-LAZY_OK = {"cli", "persistence", "reads"}  # CLI: rooms inside commands (fast --help); others: the facade, for typing
+#: CLI: rooms inside commands (fast --help); forks: the shared mode; others: the facade, for typing
+LAZY_OK = {"cli", "forks", "persistence", "reads"}
 
 
 def _part(path: Path) -> str:

@@ -83,16 +83,18 @@ def share_now(rb: ReplayBuffer) -> None:
     # a spawn child imports torch afresh (10-30 s each on a loaded 2-core machine): 1 in CI, 4 x 100k with RUN_SLOW
     [
         ("spawn", 1, 2_000),
-        ("fork", 4, 5_000),
+        ("fork", 4, 5_000),  # shared at the first fork: the buffer is a Process argument
+        ("fork-after-queue", 2, 5_000),  # shared through a Queue first, then inherited shared
         pytest.param("spawn", 4, 100_000, marks=SLOW_ONLY),
     ],
 )
 def test_writers_share_a_plain_buffer_while_the_parent_samples(method: str, writers: int, per_writer: int) -> None:
     rb = seeded_buffer(writers * per_writer + 1)
     assert not is_shared(rb)
-    if method == "fork":
+    if method == "fork-after-queue":
         share_now(rb)
-    run_writers(mp.get_context(method), rb, writers, per_writer)
+        assert is_shared(rb)
+    run_writers(mp.get_context(method.removesuffix("-after-queue")), rb, writers, per_writer)
     assert is_shared(rb) and isinstance(rb, ReplayBuffer)
     assert_all_there(rb, writers, per_writer)
     rb.close()
@@ -240,10 +242,15 @@ def test_a_full_ring_keeps_its_slots_when_shared() -> None:
 
 
 # ---------------------------------------------------------------------- buffers inherited through fork unshared
-def write_inherited(rb: ReplayBuffer, expected: list[int], close: bool) -> None:
+#: Buffers a fork child finds without being handed them (as a DataLoader or vector-env worker would).
+INHERITED: dict[str, ReplayBuffer] = {}
+
+
+def write_inherited(expected: list[int], close: bool) -> None:
     """A fork child of a buffer that was never shared: reads work, every write is refused, nothing changes."""
     from objectrl_buffer.errors import ForkedBufferError
 
+    rb = INHERITED["rb"]
     assert rb.sample_all()["seq"].tolist() == expected  # reads are allowed
     assert_consistent(rb.sample_batch(8))
     for call in (
@@ -262,9 +269,9 @@ def write_inherited(rb: ReplayBuffer, expected: list[int], close: bool) -> None:
 
 @pytest.mark.parametrize("close", [False, True])
 def test_a_fork_child_cannot_corrupt_the_rows_of_a_buffer_never_shared(close: bool) -> None:
-    rb = seeded_buffer(10, rows=10)  # full: a child's first add would land on the parent's slot 0
+    rb = INHERITED["rb"] = seeded_buffer(10, rows=10)  # full: a child's first add would land on parent's slot 0
     before = rb.sample_all()
-    proc = mp.get_context("fork").Process(target=write_inherited, args=(rb, before["seq"].tolist(), close))
+    proc = mp.get_context("fork").Process(target=write_inherited, args=(before["seq"].tolist(), close))
     proc.start()
     proc.join()
     after = rb.sample_all()
@@ -275,7 +282,8 @@ def test_a_fork_child_cannot_corrupt_the_rows_of_a_buffer_never_shared(close: bo
     rb.close()
 
 
-def write_then_report(rb: ReplayBuffer, queue: Any) -> None:
+def write_then_report(rb: ReplayBuffer | None, queue: Any) -> None:
+    rb = INHERITED["rb"] if rb is None else rb
     try:
         rb.add(one(1, 0))
         queue.put("stored")
@@ -286,15 +294,33 @@ def write_then_report(rb: ReplayBuffer, queue: Any) -> None:
 def test_an_unwritten_buffer_and_a_buffer_with_storage_dir_are_guarded_too(tmp_path: Any) -> None:
     ctx = mp.get_context("fork")
     for rb in (ReplayBuffer("cpu", "cpu", 10, seed=0), ReplayBuffer("cpu", "cpu", 10, seed=0, storage_dir=tmp_path)):
+        INHERITED["rb"] = rb
         queue = ctx.SimpleQueue()
-        proc = ctx.Process(target=write_then_report, args=(rb, queue))
+        proc = ctx.Process(target=write_then_report, args=(None, queue))
         proc.start()
         proc.join()
         message = queue.get()
-        assert message.startswith("ForkedBufferError") and "Queue" in message and "spawn" in message
+        assert message.startswith("ForkedBufferError") and "Queue" in message and "Process argument" in message
+        assert "sharing it at the fork failed" not in message  # it was not handed over
         rb.add(one(99, 0))
         assert rb.sample_all()["seq"].tolist() == [0]
         rb.close()
+
+
+def test_a_buffer_handed_to_a_fork_child_that_cannot_be_shared_is_guarded_and_says_why() -> None:
+    ctx = mp.get_context("fork")
+    rb = ReplayBuffer("cpu", "cpu", 10, seed=0)  # no row yet: no schema to lay shared columns out by
+    queue = ctx.SimpleQueue()
+    proc = ctx.Process(target=write_then_report, args=(rb, queue))
+    with pytest.warns(RuntimeWarning, match="could not be shared.*add a row"):
+        proc.start()  # an at-fork hook cannot stop the fork: the parent is warned
+    proc.join()
+    message = queue.get()
+    assert message.startswith("ForkedBufferError") and "sharing it at the fork failed" in message
+    assert "add a row" in message and not is_shared(rb)
+    rb.add(one(99, 0))  # the parent's buffer is as it was
+    assert rb.sample_all()["seq"].tolist() == [0] and len(rb) == 1
+    rb.close()
 
 
 def test_shared_buffers_and_buffers_made_in_the_child_are_not_guarded() -> None:
@@ -319,9 +345,10 @@ def make_and_write(queue: Any) -> None:
     rb.close()
 
 
-def share_or_copy_inherited(rb: ReplayBuffer, queue: Any) -> None:
+def share_or_copy_inherited(queue: Any) -> None:
     from objectrl_buffer.errors import ForkedBufferError
 
+    rb = INHERITED["rb"]
     with pytest.raises(ForkedBufferError, match="before forking"):
         mp.get_context("fork").SimpleQueue().put(rb)  # a child cannot share the parent's rows onward
     copied = pickle.loads(pickle.dumps(rb))  # a plain copy is an ordinary buffer of this process
@@ -332,9 +359,9 @@ def share_or_copy_inherited(rb: ReplayBuffer, queue: Any) -> None:
 
 def test_in_the_child_an_inherited_buffer_can_be_copied_but_not_shared_onward() -> None:
     ctx = mp.get_context("fork")
-    rb = seeded_buffer(10, rows=4)
+    rb = INHERITED["rb"] = seeded_buffer(10, rows=4)
     queue = ctx.SimpleQueue()
-    proc = ctx.Process(target=share_or_copy_inherited, args=(rb, queue))
+    proc = ctx.Process(target=share_or_copy_inherited, args=(queue,))
     proc.start()
     proc.join()
     assert proc.exitcode == 0 and queue.get() == (5, 1)
@@ -361,3 +388,116 @@ def test_a_raw_fork_child_exiting_normally_leaves_the_parents_files() -> None:
 
     out = subprocess.run([sys.executable, "-c", RAW_FORK], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "True"
+
+
+# ---------------------------------------------------------------------- handed to a fork child: shared at the fork
+class Writer(mp.get_context("fork").Process):  # type: ignore[name-defined,misc]
+    """A ``Process`` subclass holding its buffer as an attribute."""
+
+    def __init__(self, rb: ReplayBuffer, writer: int) -> None:
+        super().__init__()
+        self.rb, self.writer = rb, writer
+
+    def run(self) -> None:
+        write(self.rb, self.writer, 300)
+
+
+class Actor:
+    def __init__(self, rb: ReplayBuffer) -> None:
+        self.rb = rb
+
+    def act(self, writer: int) -> None:
+        write(self.rb, writer, 300)
+
+
+def write_kw(*, buffer: ReplayBuffer, writer: int) -> None:
+    write(buffer, writer, 300)
+
+
+def write_from_list(buffers: list[ReplayBuffer], writer: int) -> None:
+    write(buffers[0], writer, 300)
+
+
+def write_ranked(rank: int, rb: ReplayBuffer) -> None:
+    write(rb, rank, 300)
+
+
+POOLED: dict[str, ReplayBuffer] = {}
+
+
+def keep_for_pool(rb: ReplayBuffer) -> None:
+    POOLED["rb"] = rb
+
+
+def write_pooled(writer: int) -> int:
+    write(POOLED["rb"], writer, 300)
+    return writer
+
+
+@pytest.mark.parametrize("how", ["kwargs", "list", "subclass", "bound", "torch.multiprocessing"])
+def test_a_buffer_handed_to_a_fork_child_any_way_is_shared_at_the_fork(how: str) -> None:
+    ctx = mp.get_context("fork")
+    rb = seeded_buffer(2_001)
+    if how == "torch.multiprocessing":
+        import torch.multiprocessing as tmp
+
+        tmp.start_processes(write_ranked, args=(rb,), nprocs=2, start_method="fork")  # args nested in args
+    else:
+        procs = {
+            "kwargs": lambda w: ctx.Process(target=write_kw, kwargs={"buffer": rb, "writer": w}),
+            "list": lambda w: ctx.Process(target=write_from_list, args=([rb], w)),
+            "subclass": lambda w: Writer(rb, w),
+            "bound": lambda w: ctx.Process(target=Actor(rb).act, args=(w,)),
+        }[how]
+        run = [procs(w) for w in range(2)]
+        for p in run:
+            p.start()
+        for p in run:
+            p.join()
+            assert p.exitcode == 0
+    assert is_shared(rb)
+    assert_all_there(rb, 2, 300)
+    rb.close()
+
+
+def test_pool_workers_forked_with_the_buffer_in_initargs_share_it() -> None:
+    rb = seeded_buffer(2_001)
+    with mp.get_context("fork").Pool(2, initializer=keep_for_pool, initargs=(rb,)) as pool:
+        assert sorted(pool.map(write_pooled, range(2))) == [0, 1]
+    assert_all_there(rb, 2, 300)
+    rb.close()
+
+
+def test_in_one_fork_the_buffer_handed_over_is_shared_and_the_other_guarded() -> None:
+    ctx = mp.get_context("fork")
+    handed = seeded_buffer(1_001)
+    other = INHERITED["rb"] = seeded_buffer(10, rows=3)
+    queue = ctx.SimpleQueue()
+    proc = ctx.Process(target=write_both, args=(handed, queue))
+    proc.start()
+    proc.join()
+    assert proc.exitcode == 0 and queue.get().startswith("ForkedBufferError")
+    assert is_shared(handed) and not is_shared(other)
+    assert_all_there(handed, 1, 300)
+    assert len(other) == 3
+    handed.close()
+    other.close()
+
+
+def write_both(rb: ReplayBuffer, queue: Any) -> None:
+    write(rb, 0, 300)
+    write_then_report(None, queue)
+
+
+def test_a_prioritized_buffer_handed_to_a_fork_child_shares_rows_and_priorities() -> None:
+    per = PrioritizedReplayBuffer("cpu", "cpu", 1_001, seed=0)
+    per.add(one(99, 0))
+    proc = mp.get_context("fork").Process(target=write, args=(per, 0, 300))
+    proc.start()
+    proc.join()
+    assert proc.exitcode == 0 and is_shared(per)
+    assert_all_there(per, 1, 300)
+    batch = per.sample_batch(64)
+    per.update_priority(batch["index"], torch.full((64,), 5.0))  # the child's rows are drawn by priority here
+    assert per.max_priority == pytest.approx(5.0)
+    per.close()

@@ -1,0 +1,187 @@
+"""A CPU buffer and child processes: shared when handed over, read-only when merely inherited through ``fork``.
+
+A CPU buffer's rows live in ``MAP_SHARED`` files (torchrl memmaps), and ``fork`` copies only its counters: a
+fork child writing into a buffer that was not shared before the fork would overwrite the parent's rows behind
+the parent's counters (and the parent's later writes would overwrite the child's). So:
+
+* **Handed over, it is shared.** ``multiprocessing``'s pickler (``Process`` arguments under ``spawn`` and
+  ``forkserver``; ``Queue``, ``Pipe`` and ``Pool`` under every start method) shares it through
+  :func:`reduce_for_process`. Under ``fork``, ``Process`` arguments are not pickled: just before each
+  ``fork`` (``os.register_at_fork(before=...)``) the buffers the forking ``Process`` holds are shared: its
+  target's ``args``/``kwargs`` (up to three containers deep: ``torch.multiprocessing.start_processes``
+  nests them, a ``Pool``'s ``initargs`` too), a bound target's object and its attributes
+  (``target=worker.run``), and the attributes of a ``Process`` subclass. Sharing copies the rows into
+  ``/dev/shm`` once (O(rows)) and switches the parent to the shared write path
+  (:mod:`objectrl_buffer.distributed.process`).
+* **Merely inherited, it is read-only.** Every other live buffer (the forks a user does not think of:
+  DataLoader workers, gymnasium's ``AsyncVectorEnv``, a library's helper process) is made read-only in the
+  child at the fork itself: its writes raise :class:`~objectrl_buffer.errors.ForkedBufferError`, reads see
+  the parent's rows, ``close`` leaves the parent's files alone. Sharing every buffer before every fork
+  would make those forks pay the O(rows) copy and switch the parent to the slower shared path for the rest
+  of its run (``benchmarks/fork_share_bench.py``).
+
+A buffer that cannot be shared at the fork (no schema yet, ``/dev/shm`` full, ...) is left unshared (an
+exception cannot stop a fork from an at-fork hook): the parent gets a ``RuntimeWarning`` naming the reason,
+and the child's refusal repeats it.
+
+The forking ``Process`` is found on the call stack of ``os.fork`` (``multiprocessing``'s ``Popen`` keeps it
+as a local); an ``os.fork`` called directly hands nothing over.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import warnings
+import weakref
+from types import FrameType, MethodType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from objectrl_buffer.replay_buffer import ReplayBuffer
+
+__all__ = ["track_for_fork", "reduce_for_process"]
+
+#: Every live CPU buffer of this process that may own memory-mapped rows (weakly: tracking keeps none alive).
+_LIVE: weakref.WeakSet[ReplayBuffer] = weakref.WeakSet()
+#: In a fork child, the buffers it inherited: kept alive so that collecting them never removes the parent's files.
+_INHERITED: list[ReplayBuffer] = []
+#: What a fork child may not call on an inherited buffer (``extend`` goes through ``add_batch``).
+_WRITES = ("add", "add_batch", "reset", "load", "load_state_dict")
+#: How far a handed-over buffer may sit inside the ``Process``'s values, and how many values are looked at.
+_DEPTH, _BUDGET = 3, 10_000
+
+
+def track_for_fork(rb: ReplayBuffer) -> None:
+    """Guard ``rb`` against writes from the fork children of this process (CPU storage only: only memory-mapped
+    rows outlive a fork as shared memory); called by the buffer's constructor."""
+    if rb.storing_device.type == "cpu":
+        _LIVE.add(rb)
+
+
+def reduce_for_process(rb: ReplayBuffer) -> tuple[Any, ...]:
+    """``multiprocessing``'s pickler only: share ``rb``'s rows with the child
+    (:mod:`objectrl_buffer.distributed.process`).
+
+    Raises:
+        ForkedBufferError: ``rb`` was inherited through ``fork`` unshared (share it in the parent instead).
+    """
+    if "forked_from" in rb.__dict__:
+        _refuse(rb, "handing it to another process")
+    from objectrl_buffer.distributed.process import reduce_for_process as share_rows
+
+    return share_rows(rb)
+
+
+# ---------------------------------------------------------------------- in the parent, just before a fork
+def _forking_process() -> Any:
+    """The ``multiprocessing`` ``Process`` whose ``start`` is forking now, if any (from the caller frames)."""
+    from multiprocessing.process import BaseProcess
+
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(16):
+        if frame is None:
+            break
+        local = frame.f_locals
+        for name in ("process_obj", "self"):  # Popen(process_obj)._launch, BaseProcess.start
+            if isinstance(local.get(name), BaseProcess):
+                return local[name]
+        frame = frame.f_back
+    return None
+
+
+def _handed_over(process: Any) -> list[ReplayBuffer]:
+    """The live buffers among the values ``process`` holds (see the module docs), each once."""
+    live = {id(rb): rb for rb in _LIVE}
+    found: dict[int, ReplayBuffer] = {}
+    stack = [(value, 0) for value in vars(process).values()]
+    budget = _BUDGET
+    while stack and budget:
+        value, depth = stack.pop()
+        budget -= 1
+        if id(value) in live:
+            found[id(value)] = value
+        elif depth < _DEPTH:
+            if isinstance(value, dict):
+                stack.extend((item, depth + 1) for item in value.values())
+            elif isinstance(value, (tuple, list, set, frozenset)):
+                stack.extend((item, depth + 1) for item in value)
+            elif isinstance(value, MethodType):  # target=worker.run: the worker and what it holds
+                owner = value.__self__
+                stack.append((owner, depth + 1))
+                stack.extend((item, depth + 1) for item in getattr(owner, "__dict__", {}).values())
+            elif isinstance(value, functools.partial):
+                stack.extend((item, depth + 1) for item in (*value.args, *value.keywords.values()))
+    return list(found.values())
+
+
+def _share_handed_over() -> None:
+    if not _LIVE:
+        return  # the usual fork: no buffer in this process
+    process = _forking_process()
+    if process is None:
+        return
+    from objectrl_buffer.distributed.process import become_shared
+
+    for rb in _handed_over(process):
+        if "shared" in rb.__dict__ or "forked_from" in rb.__dict__ or rb.engine.storage.closed:
+            continue
+        rb.__dict__.pop("share_failed", None)
+        try:
+            become_shared(rb)
+        except Exception as exc:  # an at-fork hook cannot stop the fork: tell both sides
+            reason = f"{type(exc).__name__}: {exc}"
+            rb.__dict__["share_failed"] = reason
+            warnings.warn(
+                f"{type(rb).__name__} handed to a fork child could not be shared ({reason}); the child may "
+                "read it but its writes raise ForkedBufferError",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+# ---------------------------------------------------------------------- in the child, just after a fork
+def _refuse(rb: ReplayBuffer, what: str) -> None:
+    from objectrl_buffer.errors import ForkedBufferError
+
+    failed = rb.__dict__.get("share_failed")
+    why = f" (sharing it at the fork failed: {failed})" if failed else ""
+    raise ForkedBufferError(
+        f"{type(rb).__name__}: {what} refused: this process (pid {os.getpid()}) inherited the buffer through "
+        f"fork from pid {rb.__dict__['forked_from']} without it being shared{why}, so its rows are the parent's "
+        "memory-mapped files while its counters are this process's own copy: a write here would overwrite the "
+        "parent's rows behind its back. Reads still work. To write from child processes, share it with them: "
+        "pass it as a Process argument (any start method), through a multiprocessing Queue or Pipe, or call "
+        "objectrl_buffer.distributed.become_shared(buffer) in the parent before forking"
+    )
+
+
+def _guard(rb: ReplayBuffer, parent: int) -> None:
+    def refusal(name: str) -> Any:
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            _refuse(rb, name)
+
+        return refuse
+
+    rb.__dict__["forked_from"] = parent
+    for name in _WRITES:
+        rb.__dict__[name] = refusal(name)  # shadows the class's method (and a rate limiter's gate)
+    rb.__dict__["close"] = _leave_files  # the parent owns the files: closing here must not remove them
+    _INHERITED.append(rb)
+
+
+def _leave_files() -> None:
+    """``close()`` of a buffer inherited through fork: nothing to free here (the parent owns the files)."""
+
+
+def _guard_inherited() -> None:
+    parent = os.getppid()
+    for rb in list(_LIVE):
+        if "shared" in rb.__dict__ or "forked_from" in rb.__dict__ or rb.engine.storage.closed:
+            continue  # shared before the fork (its writes are safe), already guarded, or closed
+        _guard(rb, parent)
+    _LIVE.clear()  # the inherited buffers are this process's no more (buffers made from now on are)
+
+
+os.register_at_fork(before=_share_handed_over, after_in_child=_guard_inherited)
