@@ -157,9 +157,19 @@ class SharedPrioritizedMode(SharedMode):
         out = self.shared.sample_batch(batch_size, self.beta)
         return out if self.device.type == "cpu" else out.to(self.device, non_blocking=True)
 
-    def update_priority(self, index: Any, priority: Any) -> None:
+    def update_priority(self, index: Any, priority: Any, generation: Any = None) -> int:
+        """Set the priorities at slots ``index``, as the single-process buffer's ``update_priority``; with
+        ``generation`` (a sample's ``"generation"``, one per index), rows whose slot was rewritten since they
+        were drawn are skipped. Returns how many rows were applied (every row without ``generation``).
+
+        Raises:
+            InvalidArgumentError: as the single-process buffer's; also a ``generation`` that is not one
+                integer per index. SlotIndexError: a slot out of range. Nothing changes then.
+        """
         ring = Ring(self.shared.capacity, len(self.shared))  # the slots of every process's rows
-        self.shared.update_priority(*self.checked_priorities(index, priority, ring))
+        slots, values = self.checked_rows(index, priority, ring)
+        gens = None if generation is None else _generations(generation, slots.numel())
+        return self.shared.update_priority(slots, values, gens)
 
     def importance_weights(self, slots: torch.Tensor) -> torch.Tensor:
         return self.shared.weights(slots, self.beta)
@@ -190,6 +200,19 @@ class SharedPrioritizedMode(SharedMode):
         super().snapshot()
         base: Any = super(SharedMode, self)
         base.load_priority_state(self.shared.priority_state())
+
+
+def _generations(generation: Any, n: int) -> torch.Tensor:
+    """``generation`` as int64 ``[n]`` (a sample's ``"generation"``: a tensor, an array or a list of ints)."""
+    try:
+        gens = torch.as_tensor(generation)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise InvalidArgumentError(f"generation must be a sample's 'generation' (integers): {exc}") from None
+    if gens.numel() and (gens.is_floating_point() or gens.is_complex() or gens.dtype == torch.bool):
+        raise InvalidArgumentError(f"generation must be integers (a sample's 'generation'), got dtype {gens.dtype}")
+    if gens.numel() != n:
+        raise InvalidArgumentError(f"generation has {gens.numel()} values but index has {n}: give one per index")
+    return gens.to("cpu", torch.int64).reshape(-1)
 
 
 def _plain_copy(cls: Any, state: dict[str, Any]) -> Any:

@@ -25,7 +25,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer.checkpoint.io import atomic_write, read_small_file
-from objectrl_buffer.core.keys import INDEX_KEY
+from objectrl_buffer.core.keys import GENERATION_KEY, INDEX_KEY
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import Field, Key, Schema
 from objectrl_buffer.core.shared_counter import SharedSlots
@@ -267,8 +267,9 @@ class SharedBuffer:
         out[INDEX_KEY] = slots.index_select(0, kept)
         return make_tensordict(out, torch.Size([kept.numel()]), None)
 
-    def sample_batch(self, batch_size: int) -> TensorDict:
-        """``batch_size`` finished rows drawn uniformly with replacement (rows being written are redrawn).
+    def sample_batch(self, batch_size: int, *, generations: bool = False) -> TensorDict:
+        """``batch_size`` finished rows drawn uniformly with replacement (rows being written are redrawn);
+        with ``generations``, also ``"generation"``: each drawn row's commit generation (int64, ``seq + 1``).
 
         Raises:
             EmptyBufferError: no finished row.
@@ -279,6 +280,7 @@ class SharedBuffer:
             self.generator.seed()
         out: dict[Key, torch.Tensor] = {f.key: torch.empty(k, *f.shape, dtype=f.dtype) for f in self.schema.fields}
         index = torch.empty(k, dtype=torch.int64)
+        drawn = torch.empty(k, dtype=torch.int64)  # their generations
         todo = torch.arange(k)
         for _ in range(_MAX_TRIES):
             slots = self.draw(todo.numel())
@@ -289,6 +291,8 @@ class SharedBuffer:
             ok = (before > 0) & (before == self.slots.generations(slots))
             if todo.numel() == k and bool(ok.all()):  # the common case: every row was finished
                 rows[INDEX_KEY] = slots
+                if generations:
+                    rows[GENERATION_KEY] = before
                 return make_tensordict(rows, torch.Size([k]), None)
             # index_select/index_copy_ only: boolean and advanced indexing are ~1000x slower here
             self.passed_over(slots.index_select(0, (before == 0).nonzero().squeeze(1)))
@@ -297,9 +301,12 @@ class SharedBuffer:
             for key, value in rows.items():
                 out[key].index_copy_(0, done, value.index_select(0, good))
             index.index_copy_(0, done, slots.index_select(0, good))
+            drawn.index_copy_(0, done, before.index_select(0, good))
             todo = todo.index_select(0, (~ok).nonzero().squeeze(1))
             if todo.numel() == 0:
                 out[INDEX_KEY] = index
+                if generations:
+                    out[GENERATION_KEY] = drawn
                 return make_tensordict(out, torch.Size([k]), None)
         raise EmptyBufferError(f"no finished row to sample (reserved {self.reserved}, committed {self.committed()})")
 
