@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDict
 
+from objectrl_buffer.core.envs import check_env_step, flatten_steps
 from objectrl_buffer.core.keys import INDEX_KEY
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.distributed.shared import SharedBuffer
@@ -85,10 +86,16 @@ class SharedMode(_Base):
         return self.shared.reserved
 
     def add(self, transition: Any) -> None:
-        self.shared.add(transition)
+        envs = self.num_envs
+        if envs == 1:
+            self.shared.add(transition)
+        else:  # one step of every env: num_envs consecutive slots, reserved together (checked first)
+            check_env_step(transition, envs)
+            self.shared.add_batch(transition)
 
     def add_batch(self, batch: Any) -> None:
-        self.shared.add_batch(batch)
+        envs = self.num_envs
+        self.shared.add_batch(batch if envs == 1 else flatten_steps(batch, envs))
 
     def sample_batch(self, batch_size: int, **kwargs: Any) -> TensorDict:
         if any(value is not None for key, value in kwargs.items() if key != "gamma"):
@@ -98,15 +105,17 @@ class SharedMode(_Base):
         return out if self.device.type == "cpu" else out.to(self.device, non_blocking=True)
 
     def snapshot(self) -> None:
-        """Copy the committed shared rows into this process's own storage, at their slots (O(rows))."""
-        rows = self.shared.rows()
+        """Copy the committed shared rows into this process's own storage, oldest at its shared slot, the
+        others after it (O(rows)). Rows being written are left out (whole env steps with ``num_envs > 1``),
+        and the ring ends after the newest row copied: it never serves a slot that holds no finished row.
+        With no row in flight every row keeps its shared slot; a row in flight between finished ones (a slow
+        or killed writer) moves the rows after it back by its slot."""
+        rows = self.shared.rows(self.num_envs)
         engine = self.engine
         engine.clear()
         if rows.batch_size[0]:
-            start = int(rows[INDEX_KEY][0])
-            engine.ring.pointer = start
-            engine.add_batch(rows.exclude(INDEX_KEY))
-            engine.ring.pointer = self.shared.pointer
+            engine.ring.pointer = int(rows[INDEX_KEY][0])
+            engine.add_batch(rows.exclude(INDEX_KEY), steps=False)
 
     def _snapshot_then(name: str) -> Any:
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -238,8 +247,6 @@ def _shared_class(cls: type) -> type:
 def _check(buffer: Any) -> None:
     if torch.device(buffer.storing_device).type != "cpu":
         raise InvalidArgumentError(f"storing_device must be cpu to share a buffer, got {buffer.storing_device}")
-    if buffer.num_envs != 1:
-        raise InvalidArgumentError(f"a buffer with num_envs={buffer.num_envs} cannot be shared yet")
     if buffer.schema is None:
         raise InvalidArgumentError("a buffer shares its rows once it has a schema: add a row before handing it over")
 
@@ -250,7 +257,7 @@ def become_shared(buffer: Any) -> None:
     O(rows) (one copy of every row); a no-op on a buffer already shared.
 
     Raises:
-        InvalidArgumentError: a prioritized buffer, storage off the CPU, ``num_envs > 1`` or no schema yet.
+        InvalidArgumentError: storage off the CPU or no schema yet.
     """
     if is_shared(buffer):
         return
@@ -265,7 +272,7 @@ def become_shared(buffer: Any) -> None:
     else:
         shared = SharedBuffer.create(buffer.schema, buffer.buffer_size, start=start)
     if held:
-        shared.add_batch(buffer.sample_all().exclude(INDEX_KEY))
+        shared.add_batch(buffer.sample_all().exclude(INDEX_KEY).reshape(-1))  # [T, num_envs] -> [T * num_envs]
     if isinstance(shared, SharedPrioritizedBuffer):  # the rows kept their slots: so do their priorities
         state = buffer.priority_state()
         shared.load_priorities(state["priority"], float(state["max_priority"]))
@@ -279,10 +286,10 @@ def _attach(buffer: Any, shared: SharedBuffer) -> None:
     shared.generator = buffer.generator  # samples keep the buffer's seeded stream (a fork child reseeds)
     buffer.__dict__.pop("add", None)
     limiter = getattr(buffer, "rate_limiter", None)
-    if limiter is None:
-        buffer.__dict__["add"] = shared.add  # the per-step call: no extra Python frame
-    else:
+    if limiter is not None:
         limiter.attach(buffer)  # gate the shared methods
+    elif buffer.num_envs == 1:
+        buffer.__dict__["add"] = shared.add  # the per-step call: no extra Python frame
 
 
 def _rebuild(cls: type, folder: str, device: torch.device, settings: dict[str, Any]) -> Any:
@@ -298,6 +305,7 @@ def reduce_for_process(buffer: Any) -> tuple[Any, ...]:
     become_shared(buffer)
     settings = {
         "shuffle": buffer.shuffle,
+        "num_envs": buffer.num_envs,
         "transition_keys": buffer.transition_keys,
         "rate_limiter": getattr(buffer, "rate_limiter", None),
     }

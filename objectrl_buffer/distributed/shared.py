@@ -254,15 +254,20 @@ class SharedBuffer:
         return start
 
     # ------------------------------------------------------------------ reads
-    def rows(self) -> TensorDict:
-        """Every finished row, oldest to newest, with ``"index"`` (rows being written are left out)."""
+    def rows(self, step: int = 1) -> TensorDict:
+        """Every finished row, oldest to newest, with ``"index"`` (rows being written are left out).
+
+        ``step``: rows go in whole groups of ``step`` (the ``num_envs`` rows of one env step, reserved
+        together): a group with a row being written is left out whole, so the rows kept stay env-aligned.
+        """
         reserved = self.slots.reserved
-        seqs = torch.arange(max(0, reserved - self.capacity), reserved, dtype=torch.int64)
+        first = -(-max(0, reserved - self.capacity) // step) * step
+        seqs = torch.arange(first, reserved - reserved % step, dtype=torch.int64)
         slots = seqs % self.capacity
-        done = (self.slots.generations(slots) == seqs + 1).nonzero().squeeze(1)
+        done = _whole(self.slots.generations(slots) == seqs + 1, step)
         slots, seqs = slots.index_select(0, done), seqs.index_select(0, done)
         out = {key: column.index_select(0, slots) for key, column in self.columns.items()}
-        kept = (self.slots.generations(slots) == seqs + 1).nonzero().squeeze(1)  # not rewritten while read
+        kept = _whole(self.slots.generations(slots) == seqs + 1, step)  # not rewritten while read
         out = {key: value.index_select(0, kept) for key, value in out.items()}
         out[INDEX_KEY] = slots.index_select(0, kept)
         return make_tensordict(out, torch.Size([kept.numel()]), None)
@@ -318,6 +323,14 @@ class SharedBuffer:
     def passed_over(self, slots: torch.Tensor) -> None:
         """Told of drawn ``slots`` found being written (or left so by a writer that died): uniform draws just
         redraw them."""
+
+
+def _whole(ok: torch.Tensor, step: int) -> torch.Tensor:
+    """Positions of the ``True`` s of ``ok`` (bool ``[n]``, ``n`` a multiple of ``step``) in groups of ``step``
+    that are ``True`` throughout."""
+    if step > 1:
+        ok = ok.view(-1, step).all(1).repeat_interleave(step)
+    return ok.nonzero().squeeze(1)
 
 
 def _remove_folder(folder: str, pid: int) -> None:
