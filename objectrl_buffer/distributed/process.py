@@ -28,14 +28,23 @@ its run: the forks a user does not think of (DataLoader workers, gymnasium's ``A
 
 Reads that the shared rows do not serve natively (``sample_all``, ``sample_by_index``, n-step and
 ``recent`` samples, slices, epochs, ``save``, ``state_dict``) first copy the committed rows into this
-process's own storage (a snapshot, O(rows), at their shared slots) and then run as usual. ``reset``,
-``load`` and ``load_state_dict`` are refused (other processes hold the rows). Not built yet: ``num_envs > 1``.
+process's own storage (a snapshot, O(rows), at their shared slots; rows still being written are left out,
+see :meth:`SharedMode.snapshot`) and then run as usual. ``reset``, ``load`` and ``load_state_dict`` are
+refused (other processes hold the rows).
+
+``num_envs > 1``: every process's ``add`` of one ``[num_envs]`` env step reserves ``num_envs`` consecutive
+slots at once, and ``add_batch`` of ``[T, num_envs]`` steps ``T * num_envs``; as the capacity is a multiple of
+``num_envs``, every reservation starts at a step boundary, so env ``e`` of a step always lands at a slot
+``= e (mod num_envs)``: the single-process layout, whatever the writers' interleaving. Snapshots keep whole
+steps (a step with a row being written is left out whole), so n-step returns and slices never mix envs.
 
 A ``PrioritizedReplayBuffer`` is shared with its priorities (a
 :class:`~objectrl_buffer.distributed.shared_prioritized.SharedPrioritizedBuffer`): every process's ``add``
 gives the new row the shared max priority, ``update_priority`` from any process changes what every process
 draws, and ``sample_batch`` draws by the shared priorities with the importance weights of the single-process
-buffer. ``alpha`` and ``eps`` are fixed once shared; ``beta`` is each process's own.
+buffer. ``alpha`` and ``eps`` are fixed once shared; ``beta`` is each process's own. Its samples also carry
+``"generation"`` (which write of each slot was drawn): ``update_priority(index, priority, generation)`` skips
+the slots rewritten since, by any process, and returns how many rows it applied.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -220,13 +221,24 @@ class SharedBuffer:
         n = batch_rows(batch) if fast is not None else 0
         if n:
             seq = self.slots.reserve(n)
-            seqs, slots = self._placed(seq, n)
-            before = self.slots.generations(slots)
-            self.slots.begin(slots)
-            if fast.write_batch(batch, Ring(self.capacity, self.capacity, seq % self.capacity)) >= 0:  # type: ignore[union-attr]
-                self.slots.commit(slots, seqs)
-                return seq, n
-            self.slots.gens.index_copy_(0, slots, before)  # declined before writing anything
+            first = seq % self.capacity
+            ring = Ring(self.capacity, self.capacity, first)
+            if n <= self.capacity - first:  # one run of slots (an env step, most batches): NumPy slice stores
+                run = self._gens[1 + first : 1 + first + n]  # of the generations, ~0.3 us each (torch's: 2-5 us)
+                before = run.copy()
+                run[:] = 0
+                if fast.write_batch(batch, ring) >= 0:  # type: ignore[union-attr]
+                    run[:] = np.arange(seq + 1, seq + n + 1)
+                    return seq, n
+                run[:] = before  # declined before writing anything
+            else:
+                seqs, slots = self._placed(seq, n)
+                generations = self.slots.generations(slots)
+                self.slots.begin(slots)
+                if fast.write_batch(batch, ring) >= 0:  # type: ignore[union-attr]
+                    self.slots.commit(slots, seqs)
+                    return seq, n
+                self.slots.gens.index_copy_(0, slots, generations)  # declined before writing anything
             if not self.slots.unreserve(seq, n):
                 pairs, m = self.schema.check(batch, batch_dims=1, warned=self._warned)  # the slots are spent
                 values = [(f, torch.as_tensor(v, dtype=f.dtype)) for f, v in pairs]

@@ -18,6 +18,7 @@ from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.core.keys import GENERATION_KEY
 from objectrl_buffer.distributed.process import become_shared, is_shared
 from objectrl_buffer.errors import InvalidArgumentError, SchemaError
+from objectrl_buffer.flow import MinSize
 from tests.distributed.test_shared import assert_consistent, tagged
 
 
@@ -142,6 +143,18 @@ def test_a_snapshot_leaves_out_a_step_being_written_whole() -> None:
     rows = rb.sample_all()
     assert rows["seq"].tolist() == [[0, 1], [2, 3], [4, 5]] and rows["index"].tolist() == [[0, 1], [2, 3], [4, 5]]
     assert rb.sample_batch(8, n_step=2)["seq"].max() <= 5
+    rb.close()
+
+
+def test_a_rate_limited_shared_buffer_with_envs_counts_every_env_row() -> None:
+    rb = ReplayBuffer("cpu", "cpu", 8, seed=0, num_envs=2, rate_limiter=MinSize(1))
+    rb.add(step(0, 0, 2))
+    become_shared(rb)
+    rb.add(step(0, 1, 2), timeout=0.01)
+    rb.add_batch(steps(0, 2, 3, 2), timeout=0.01)  # 6 rows: the ring of 8 drops the oldest 2
+    limiter = rb.rate_limiter
+    assert (limiter.inserts, limiter.deletes, limiter.size) == (10, 2, 8)
+    assert rb.sample_all()["seq"].tolist() == [[2, 3], [4, 5], [6, 7], [8, 9]]
     rb.close()
 
 
