@@ -14,6 +14,7 @@ from objectrl_buffer.errors import InvalidArgumentError, SlotIndexError
 
 __all__ = [
     "slot_indices",
+    "last_per_slot",
     "positive_int",
     "integer",
     "real_in",
@@ -266,3 +267,14 @@ def slot_indices(indices: Any, ring: Ring, device: torch.device, name: str = "in
                 )
     return slots
 
+
+def last_per_slot(slots: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``slots`` (1-D int64) and ``values`` (one each) with only the last value of each repeated slot."""
+    if slots.numel() <= 1:
+        return slots, values
+    order = torch.sort(slots, stable=True).indices
+    ordered = slots[order]
+    last = torch.ones_like(ordered, dtype=torch.bool)
+    last[:-1] = ordered[1:] != ordered[:-1]
+    keep = order[last]
+    return slots[keep], values[keep]

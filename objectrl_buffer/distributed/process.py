@@ -18,14 +18,23 @@ or :func:`become_shared`) stays shared in the child.
 
 Reads that the shared rows do not serve natively (``sample_all``, ``sample_by_index``, n-step and
 ``recent`` samples, slices, epochs, ``save``, ``state_dict``) first copy the committed rows into this
-process's own storage (a snapshot, O(rows), at their shared slots) and then run as usual. ``reset``,
-``load`` and ``load_state_dict`` are refused (other processes hold the rows). Not built yet: ``num_envs > 1``.
+process's own storage (a snapshot, O(rows), at their shared slots; rows still being written are left out,
+see :meth:`SharedMode.snapshot`) and then run as usual. ``reset``, ``load`` and ``load_state_dict`` are
+refused (other processes hold the rows).
+
+``num_envs > 1``: every process's ``add`` of one ``[num_envs]`` env step reserves ``num_envs`` consecutive
+slots at once, and ``add_batch`` of ``[T, num_envs]`` steps ``T * num_envs``; as the capacity is a multiple of
+``num_envs``, every reservation starts at a step boundary, so env ``e`` of a step always lands at a slot
+``= e (mod num_envs)``: the single-process layout, whatever the writers' interleaving. Snapshots keep whole
+steps (a step with a row being written is left out whole), so n-step returns and slices never mix envs.
 
 A ``PrioritizedReplayBuffer`` is shared with its priorities (a
 :class:`~objectrl_buffer.distributed.shared_prioritized.SharedPrioritizedBuffer`): every process's ``add``
 gives the new row the shared max priority, ``update_priority`` from any process changes what every process
 draws, and ``sample_batch`` draws by the shared priorities with the importance weights of the single-process
-buffer. ``alpha`` and ``eps`` are fixed once shared; ``beta`` is each process's own.
+buffer. ``alpha`` and ``eps`` are fixed once shared; ``beta`` is each process's own. Its samples also carry
+``"generation"`` (which write of each slot was drawn): ``update_priority(index, priority, generation)`` skips
+the slots rewritten since, by any process, and returns how many rows it applied.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDict
 
+from objectrl_buffer.core.envs import check_env_step, flatten_steps
 from objectrl_buffer.core.keys import INDEX_KEY
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.distributed.shared import SharedBuffer
@@ -75,10 +85,16 @@ class SharedMode(_Base):
         return self.shared.reserved
 
     def add(self, transition: Any) -> None:
-        self.shared.add(transition)
+        envs = self.num_envs
+        if envs == 1:
+            self.shared.add(transition)
+        else:  # one step of every env: num_envs consecutive slots, reserved together (checked first)
+            check_env_step(transition, envs)
+            self.shared.add_batch(transition)
 
     def add_batch(self, batch: Any) -> None:
-        self.shared.add_batch(batch)
+        envs = self.num_envs
+        self.shared.add_batch(batch if envs == 1 else flatten_steps(batch, envs))
 
     def sample_batch(self, batch_size: int, **kwargs: Any) -> TensorDict:
         if any(value is not None for key, value in kwargs.items() if key != "gamma"):
@@ -88,15 +104,17 @@ class SharedMode(_Base):
         return out if self.device.type == "cpu" else out.to(self.device, non_blocking=True)
 
     def snapshot(self) -> None:
-        """Copy the committed shared rows into this process's own storage, at their slots (O(rows))."""
-        rows = self.shared.rows()
+        """Copy the committed shared rows into this process's own storage, oldest at its shared slot, the
+        others after it (O(rows)). Rows being written are left out (whole env steps with ``num_envs > 1``),
+        and the ring ends after the newest row copied: it never serves a slot that holds no finished row.
+        With no row in flight every row keeps its shared slot; a row in flight between finished ones (a slow
+        or killed writer) moves the rows after it back by its slot."""
+        rows = self.shared.rows(self.num_envs)
         engine = self.engine
         engine.clear()
         if rows.batch_size[0]:
-            start = int(rows[INDEX_KEY][0])
-            engine.ring.pointer = start
-            engine.add_batch(rows.exclude(INDEX_KEY))
-            engine.ring.pointer = self.shared.pointer
+            engine.ring.pointer = int(rows[INDEX_KEY][0])
+            engine.add_batch(rows.exclude(INDEX_KEY), steps=False)
 
     def _snapshot_then(name: str) -> Any:
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -147,9 +165,19 @@ class SharedPrioritizedMode(SharedMode):
         out = self.shared.sample_batch(batch_size, self.beta)
         return out if self.device.type == "cpu" else out.to(self.device, non_blocking=True)
 
-    def update_priority(self, index: Any, priority: Any) -> None:
+    def update_priority(self, index: Any, priority: Any, generation: Any = None) -> int:
+        """Set the priorities at slots ``index``, as the single-process buffer's ``update_priority``; with
+        ``generation`` (a sample's ``"generation"``, one per index), rows whose slot was rewritten since they
+        were drawn are skipped. Returns how many rows were applied (every row without ``generation``).
+
+        Raises:
+            InvalidArgumentError: as the single-process buffer's; also a ``generation`` that is not one
+                integer per index. SlotIndexError: a slot out of range. Nothing changes then.
+        """
         ring = Ring(self.shared.capacity, len(self.shared))  # the slots of every process's rows
-        self.shared.update_priority(*self.checked_priorities(index, priority, ring))
+        slots, values = self.checked_rows(index, priority, ring)
+        gens = None if generation is None else _generations(generation, slots.numel())
+        return self.shared.update_priority(slots, values, gens)
 
     def importance_weights(self, slots: torch.Tensor) -> torch.Tensor:
         return self.shared.weights(slots, self.beta)
@@ -182,6 +210,19 @@ class SharedPrioritizedMode(SharedMode):
         base.load_priority_state(self.shared.priority_state())
 
 
+def _generations(generation: Any, n: int) -> torch.Tensor:
+    """``generation`` as int64 ``[n]`` (a sample's ``"generation"``: a tensor, an array or a list of ints)."""
+    try:
+        gens = torch.as_tensor(generation)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise InvalidArgumentError(f"generation must be a sample's 'generation' (integers): {exc}") from None
+    if gens.numel() and (gens.is_floating_point() or gens.is_complex() or gens.dtype == torch.bool):
+        raise InvalidArgumentError(f"generation must be integers (a sample's 'generation'), got dtype {gens.dtype}")
+    if gens.numel() != n:
+        raise InvalidArgumentError(f"generation has {gens.numel()} values but index has {n}: give one per index")
+    return gens.to("cpu", torch.int64).reshape(-1)
+
+
 def _plain_copy(cls: Any, state: dict[str, Any]) -> Any:
     buffer = cls.__new__(cls)
     buffer.__setstate__(state)
@@ -205,8 +246,6 @@ def _shared_class(cls: type) -> type:
 def _check(buffer: Any) -> None:
     if torch.device(buffer.storing_device).type != "cpu":
         raise InvalidArgumentError(f"storing_device must be cpu to share a buffer, got {buffer.storing_device}")
-    if buffer.num_envs != 1:
-        raise InvalidArgumentError(f"a buffer with num_envs={buffer.num_envs} cannot be shared yet")
     if buffer.schema is None:
         raise InvalidArgumentError("a buffer shares its rows once it has a schema: add a row before handing it over")
 
@@ -218,7 +257,7 @@ def become_shared(buffer: Any) -> None:
     already shared.
 
     Raises:
-        InvalidArgumentError: a prioritized buffer, storage off the CPU, ``num_envs > 1`` or no schema yet.
+        InvalidArgumentError: storage off the CPU or no schema yet.
     """
     if is_shared(buffer):
         return
@@ -233,7 +272,7 @@ def become_shared(buffer: Any) -> None:
     else:
         shared = SharedBuffer.create(buffer.schema, buffer.buffer_size, start=start)
     if held:
-        shared.add_batch(buffer.sample_all().exclude(INDEX_KEY))
+        shared.add_batch(buffer.sample_all().exclude(INDEX_KEY).reshape(-1))  # [T, num_envs] -> [T * num_envs]
     if isinstance(shared, SharedPrioritizedBuffer):  # the rows kept their slots: so do their priorities
         state = buffer.priority_state()
         shared.load_priorities(state["priority"], float(state["max_priority"]))
@@ -247,10 +286,10 @@ def _attach(buffer: Any, shared: SharedBuffer) -> None:
     shared.generator = buffer.generator  # samples keep the buffer's seeded stream (a fork child reseeds)
     buffer.__dict__.pop("add", None)
     limiter = getattr(buffer, "rate_limiter", None)
-    if limiter is None:
-        buffer.__dict__["add"] = shared.add  # the per-step call: no extra Python frame
-    else:
+    if limiter is not None:
         limiter.attach(buffer)  # gate the shared methods
+    elif buffer.num_envs == 1:
+        buffer.__dict__["add"] = shared.add  # the per-step call: no extra Python frame
 
 
 def _rebuild(cls: type, folder: str, device: torch.device, settings: dict[str, Any]) -> Any:
@@ -266,6 +305,7 @@ def reduce_for_process(buffer: Any) -> tuple[Any, ...]:
     become_shared(buffer)
     settings = {
         "shuffle": buffer.shuffle,
+        "num_envs": buffer.num_envs,
         "transition_keys": buffer.transition_keys,
         "rate_limiter": getattr(buffer, "rate_limiter", None),
     }

@@ -27,15 +27,13 @@ from tensordict import TensorDictBase
 
 from objectrl_buffer.checkpoint.extras import Arrays, Values
 from objectrl_buffer.checkpoint.manifest import ExtraValue
-from objectrl_buffer.core.keys import INDEX_KEY
+from objectrl_buffer.core.keys import GENERATION_KEY, INDEX_KEY
 from objectrl_buffer.distributed.cut import journal_path, read_manifest, shard_path
 from objectrl_buffer.errors import CheckpointError
 from objectrl_buffer.flow.limited import batch_rows
 
 __all__ = ["Shard", "ShardState", "GENERATION_KEY", "RAW_WEIGHT", "to_numpy"]
 
-#: The key of a remote sample saying which write of each slot was drawn.
-GENERATION_KEY = "generation"
 #: ``(p + eps) ** alpha`` of each drawn row of a prioritized shard (the handle turns it into weights).
 RAW_WEIGHT = "_raw_weight"
 

@@ -15,6 +15,11 @@ writer never overwrites the priority of a newer row at its slot. A slot drawn wh
 (its generation shows the write) is redrawn, as uniform samples are, and the sampler takes its sampling
 weight off (under the lock, if the slot is still being written: the writer's priority, set after its
 commit, gives it back), so a writer killed mid-write leaves a slot that is not drawn until rewritten.
+
+Stale updates: a sample carries each row's commit generation (``"generation"``, the slot's ``seq + 1``);
+:meth:`SharedPrioritizedBuffer.update_priority` given it compares it with the slot's generation under the
+priority lock and skips a slot rewritten (or being rewritten) since the draw: a learner's late TD error never
+lands on a newer row, which keeps the max priority its writer gave it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from objectrl_buffer.checkpoint.io import atomic_write, read_small_file
 from objectrl_buffer.core.keys import INDEX_KEY, WEIGHT_KEY
 from objectrl_buffer.core.schema import Schema
 from objectrl_buffer.core.sync import FileLock
+from objectrl_buffer.core.validate import last_per_slot
 from objectrl_buffer.distributed.shared import SharedBuffer
 from objectrl_buffer.sampling.sum_tree import SumTree
 
@@ -51,8 +57,9 @@ class SharedPrioritizedBuffer(SharedBuffer):
     """A :class:`SharedBuffer` whose samples follow priorities shared by every process holding it.
 
     Slot ``i`` of the committed rows is drawn with probability ``(p_i + eps) ** alpha / sum_j (p_j + eps) ** alpha``
-    (the conventions of :class:`~objectrl_buffer.PrioritizedReplayBuffer`); samples carry ``"index"`` and
-    ``"weight"`` (float32 ``(P(i) / min_batch P) ** -beta``, the largest 1). New rows get :attr:`max_priority`.
+    (the conventions of :class:`~objectrl_buffer.PrioritizedReplayBuffer`); samples carry ``"index"``,
+    ``"weight"`` (float32 ``(P(i) / min_batch P) ** -beta``, the largest 1) and ``"generation"`` (which write of
+    each slot was drawn: :meth:`update_priority` skips slots rewritten since). New rows get :attr:`max_priority`.
     """
 
     def __init__(self, folder: str, *, seed: int | None = None, owner: bool = False) -> None:
@@ -111,15 +118,32 @@ class SharedPrioritizedBuffer(SharedBuffer):
     def _weight(self, priority: torch.Tensor) -> torch.Tensor:
         return (priority + self.eps).pow(self.alpha)
 
-    def update_priority(self, slots: torch.Tensor, priority: torch.Tensor) -> None:
-        """Set float64 ``priority`` at distinct int64 ``slots`` (both ``[k]``, checked by the caller: see
-        :meth:`~objectrl_buffer.PrioritizedReplayBuffer.checked_priorities`), under the priority lock."""
+    def update_priority(
+        self, slots: torch.Tensor, priority: torch.Tensor, generation: torch.Tensor | None = None
+    ) -> int:
+        """Set float64 ``priority`` at int64 ``slots`` (both ``[k]``, checked by the caller: see
+        :meth:`~objectrl_buffer.PrioritizedReplayBuffer.checked_rows`; a slot given twice takes the last
+        value), under the priority lock. With ``generation`` (int64 ``[k]``: a sample's ``"generation"``),
+        a row whose slot was rewritten (or is being rewritten) since it was drawn is skipped.
+
+        Returns:
+            how many of the ``k`` rows were applied (all ``k`` without ``generation``).
+        """
         if slots.numel() == 0:
-            return
-        with self.priority_lock:
+            return 0
+        with self.priority_lock:  # a writer sets its new row's priority under it, after its commit
+            if generation is not None:
+                held = (self.slots.generations(slots) == generation).nonzero().squeeze(1)
+                if held.numel() < slots.numel():
+                    slots, priority = slots.index_select(0, held), priority.index_select(0, held)
+                if slots.numel() == 0:
+                    return 0
+            applied = slots.numel()
+            slots, priority = last_per_slot(slots, priority)
             self.priority.index_copy_(0, slots, priority)
             self.tree.update(slots, self._weight(priority))
             self.head[0] = max(float(self.head[0]), float(priority.max()))
+        return applied
 
     def load_priorities(self, priority: torch.Tensor, max_priority: float) -> None:
         """Adopt raw priorities of every slot (float64 ``[capacity]``) and the max priority; slots holding no
@@ -198,13 +222,14 @@ class SharedPrioritizedBuffer(SharedBuffer):
         log_weight = (self.priority.index_select(0, slots) + self.eps).log_().mul_(self.alpha)
         return (log_weight - log_weight.min()).mul_(-beta).exp_().to(torch.float32)
 
-    def sample_batch(self, batch_size: int, beta: float = 0.4) -> TensorDict:
-        """``batch_size`` committed rows drawn by priority with replacement, with ``"index"`` and ``"weight"``.
+    def sample_batch(self, batch_size: int, beta: float = 0.4, *, generations: bool = True) -> TensorDict:
+        """``batch_size`` committed rows drawn by priority with replacement, with ``"index"``, ``"weight"`` and
+        (``generations``) ``"generation"``: each row's commit generation, for :meth:`update_priority`.
 
         Raises:
             EmptyBufferError: no finished row with weight.
         """
-        out = super().sample_batch(batch_size)
+        out = super().sample_batch(batch_size, generations=generations)
         out.set(WEIGHT_KEY, self.weights(out[INDEX_KEY], beta))
         return out
 

@@ -161,6 +161,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Raises:
             as :meth:`update_priority`.
         """
+        return last_per_slot(*self.checked_rows(index, priority, ring))
+
+    def checked_rows(
+        self, index: Slots, priority: torch.Tensor | Any, ring: Ring | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`checked_priorities`, one int64 slot and float64 priority per given row (``[k]`` each,
+        repeated slots kept in order). Raises as :meth:`update_priority`."""
         slots = slot_indices(index, self._engine.ring if ring is None else ring, self.storing_device, "index")
         if isinstance(priority, torch.Tensor):
             values = priority.detach()
@@ -186,7 +193,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             )
         if slots.numel():
             self._priorities.check_fits(values.max(), "priority")
-        return last_per_slot(slots, values)
+        return slots, values
 
     def priorities(self) -> torch.Tensor:
         """A copy of the raw priorities of the live slots, ``[len(buffer)]`` float64, slot order."""

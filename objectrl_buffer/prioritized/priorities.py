@@ -15,24 +15,13 @@ import torch
 
 from objectrl_buffer.checkpoint.extras import Arrays, Values
 from objectrl_buffer.checkpoint.manifest import ExtraValue
+from objectrl_buffer.core.validate import last_per_slot
 from objectrl_buffer.engine import Engine
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError
 from objectrl_buffer.prioritized.checkpoint import NAME, priority_extras, saved_priorities, saved_settings
 from objectrl_buffer.prioritized.index import Backend, PriorityIndex, make_priority_index
 
 __all__ = ["Priorities", "last_per_slot"]
-
-
-def last_per_slot(slots: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``slots`` (1-D int64) and ``values`` (one each) with only the last value of each repeated slot."""
-    if slots.numel() <= 1:
-        return slots, values
-    order = torch.sort(slots, stable=True).indices
-    ordered = slots[order]
-    last = torch.ones_like(ordered, dtype=torch.bool)
-    last[:-1] = ordered[1:] != ordered[:-1]
-    keep = order[last]
-    return slots[keep], values[keep]
 
 
 class Priorities:

@@ -241,6 +241,23 @@ def test_a_full_ring_keeps_its_slots_when_shared() -> None:
     rb.close()
 
 
+def test_a_snapshot_serves_only_finished_rows_while_rows_are_being_written() -> None:
+    rb = seeded_buffer(10, rows=6)
+    share_now(rb)
+    rb.add(one(1, 6))
+    rb.add(one(1, 7))  # rows this process's own storage never held
+    rb.shared.slots.begin(torch.tensor([7]))  # the newest row being written (by another process)
+    rows = rb.sample_all()
+    assert rows["seq"].tolist() == list(range(7)) and rows["index"].tolist() == list(range(7))
+    assert rows["writer"].tolist() == [99] * 6 + [1]
+    rb.shared.slots.commit(torch.tensor([7]), torch.tensor([7]))
+    rb.shared.slots.begin(torch.tensor([3]))  # a row between finished ones: left out, the rest kept
+    assert rb.sample_all()["seq"].tolist() == [0, 1, 2, 4, 5, 6, 7]
+    rb.shared.slots.commit(torch.tensor([3]), torch.tensor([3]))
+    assert rb.sample_all()["seq"].tolist() == list(range(8)) and rb.pointer == 8
+    rb.close()
+
+
 # ---------------------------------------------------------------------- buffers inherited through fork unshared
 #: Buffers a fork child finds without being handed them (as a DataLoader or vector-env worker would).
 INHERITED: dict[str, ReplayBuffer] = {}

@@ -165,6 +165,18 @@ def test_wraparound_keeps_the_newest_rows() -> None:
         assert buffer.reserved == 32 and len(buffer) == 10 and buffer.committed() == 10
 
 
+@pytest.mark.parametrize("held", [10, 19])  # the refused batch's slots: one run (0, 1), or wrapping (9, 0)
+def test_a_refused_batch_keeps_the_rows_at_its_slots(held: int) -> None:
+    with schema_buffer(10) as buffer:
+        buffer.add_batch(tagged(0, torch.arange(held)))
+        before = buffer.rows()
+        with pytest.raises(SchemaError):
+            buffer.add_batch({**tagged(1, torch.arange(2)), "seq": torch.zeros(2, 3)})  # a bad shape
+        assert buffer.reserved == held and buffer.committed() == 10
+        after = buffer.rows()
+        assert torch.equal(after["index"], before["index"]) and torch.equal(after["seq"], before["seq"])
+
+
 def test_bad_writes_store_nothing() -> None:
     with schema_buffer(10) as buffer:
         with pytest.raises(SchemaError):

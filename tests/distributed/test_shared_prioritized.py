@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from objectrl_buffer import PrioritizedReplayBuffer
+from objectrl_buffer.core.keys import GENERATION_KEY
 from objectrl_buffer.distributed.process import become_shared, is_shared
 from objectrl_buffer.errors import InvalidArgumentError, SlotIndexError
 from tests.distributed.test_process import hang_mid_add, one, write
-from tests.distributed.test_shared import assert_consistent
+from tests.distributed.test_shared import assert_consistent, tagged
 
 
 def per(capacity: int, rows: int = 1, **kwargs: Any) -> PrioritizedReplayBuffer:
@@ -203,4 +204,67 @@ def test_a_writer_killed_mid_write_or_holding_the_priority_lock_blocks_nobody(tm
     rb.add(one(1, 1))  # slot 1 now: the max priority
     rb.update_priority([2], [3.0])
     assert rb.priorities().tolist() == [1_000.0, 1_000.0, 3.0, 1.0, 1.0] and rb.total_adds == 7
+    rb.close()
+
+
+# ---------------------------------------------------------------------- stale priority updates
+def test_a_sample_carries_commit_generations_and_an_update_skips_rewritten_slots() -> None:
+    rb = per(4, rows=4)  # full: the next add rewrites slot 0
+    become_shared(rb)
+    batch = rb.sample_batch(64)
+    assert torch.equal(batch[GENERATION_KEY], batch["index"] + 1)  # row seq s at slot s: generation s + 1
+    rb.add(one(1, 1))  # slot 0 now holds a new row (seq 4): updates drawn before it are stale there
+    applied = rb.update_priority(batch["index"], torch.full((64,), 3.0), batch[GENERATION_KEY])
+    stale = int((batch["index"] == 0).sum())
+    assert stale > 0 and applied == 64 - stale
+    assert rb.priorities().tolist() == [1.0, 3.0, 3.0, 3.0]  # the new row keeps the max priority it got
+    fresh = rb.sample_batch(256)
+    assert fresh[GENERATION_KEY][fresh["index"] == 0].eq(5).all()
+    rb.close()
+
+
+def test_a_mixed_update_applies_the_current_rows_and_the_last_value_of_each() -> None:
+    rb = per(4, rows=6)  # slots 0, 1 rewritten once: generations [5, 6, 3, 4]
+    become_shared(rb)
+    applied = rb.update_priority([0, 0, 1, 1, 2, 3], [2.0, 3.0, 4.0, 9.0, 5.0, 6.0], [5, 1, 6, 2, 3, 4])
+    assert applied == 4 and rb.priorities().tolist() == [2.0, 4.0, 5.0, 6.0] and rb.max_priority == 6.0
+    assert rb.update_priority([1, 1], [7.0, 8.0], torch.tensor([6, 6])) == 2
+    assert rb.priorities().tolist() == [2.0, 8.0, 5.0, 6.0]  # a slot given twice takes the last value
+    assert rb.update_priority([2, 3], [0.5, 0.5]) == 2  # no generation: every row applied, as before
+    assert rb.priorities().tolist() == [2.0, 8.0, 0.5, 0.5]
+    assert rb.update_priority([], [], []) == 0
+    before = rb.priorities()
+    for generation, message in (([1], "generation has 1"), ([1.5, 2.0], "integers"), ("x", "generation")):
+        with pytest.raises(InvalidArgumentError, match=message):
+            rb.update_priority([2, 3], [9.0, 9.0], generation)
+    with pytest.raises(InvalidArgumentError, match="finite"):  # checked even for a stale row
+        rb.update_priority([2, 3], [9.0, float("nan")], [1, 1])
+    assert torch.equal(rb.priorities(), before)
+    rb.close()
+
+
+def update_drawn_rows(rb: PrioritizedReplayBuffer, queue: Any, go: Any) -> None:
+    """A child draws rows, waits while the parent rewrites some of their slots, then updates them all."""
+    batch = rb.sample_batch(64)
+    queue.put((batch["index"].tolist(), batch[GENERATION_KEY].tolist()))
+    go.wait(60)
+    queue.put(rb.update_priority(batch["index"], torch.full((64,), 4.0), batch[GENERATION_KEY]))
+
+
+def test_a_child_updates_priorities_and_its_stale_rows_are_skipped() -> None:
+    rb = per(6, rows=6)
+    become_shared(rb)
+    ctx = mp.get_context("fork")
+    queue, go = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=update_drawn_rows, args=(rb, queue, go))
+    proc.start()
+    index, generation = queue.get(timeout=60)
+    assert generation == [i + 1 for i in index]
+    rb.add_batch(tagged(2, torch.arange(2)))  # the parent rewrites slots 0 and 1 meanwhile
+    go.set()
+    applied = queue.get(timeout=60)
+    proc.join()
+    assert proc.exitcode == 0
+    assert applied == sum(i >= 2 for i in index)
+    assert rb.priorities().tolist() == [1.0, 1.0] + [4.0 if i in index else 1.0 for i in range(2, 6)]
     rb.close()
