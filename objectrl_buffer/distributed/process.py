@@ -276,8 +276,8 @@ def become_shared(buffer: Any) -> None:
     if isinstance(shared, SharedPrioritizedBuffer):  # the rows kept their slots: so do their priorities
         state = buffer.priority_state()
         shared.load_priorities(state["priority"], float(state["max_priority"]))
+    _attach(buffer, shared)  # first: a thread sampling meanwhile (a Queue's feeder shares) finds every row
     buffer.engine.clear()  # its own storage keeps only snapshots from now on
-    _attach(buffer, shared)
 
 
 def _attach(buffer: Any, shared: SharedBuffer) -> None:
