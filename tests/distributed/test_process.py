@@ -518,3 +518,21 @@ def test_a_prioritized_buffer_handed_to_a_fork_child_shares_rows_and_priorities(
     per.update_priority(batch["index"], torch.full((64,), 5.0))  # the child's rows are drawn by priority here
     assert per.max_priority == pytest.approx(5.0)
     per.close()
+
+
+def test_a_thread_sampling_while_the_buffer_becomes_shared_always_finds_its_rows(monkeypatch: Any) -> None:
+    from objectrl_buffer.distributed import become_shared
+
+    rb = seeded_buffer(100, rows=10)
+    engine, clear = rb.engine, rb.engine.clear
+    seen: list[int] = []
+
+    def clear_and_look() -> None:  # the moment a sampling thread could run between the two steps
+        seen.append(rb.sample_batch(4).batch_size[0])
+        clear()
+        seen.append(rb.sample_batch(4).batch_size[0])
+
+    monkeypatch.setattr(engine, "clear", clear_and_look)
+    become_shared(rb)
+    assert seen == [4, 4] and len(rb) == 10
+    rb.close()
