@@ -175,3 +175,27 @@ def test_gathers_over_many_chunks_match_a_reference_in_the_callers_order(picks: 
         assert firsts == [0, 24, 48, 72, 96, 120]
     finally:
         rows.close()
+
+
+def test_a_gather_over_several_chunks_allocates_only_its_output() -> None:
+    """After the first call, a multi-chunk gather allocates the arrays it returns and nothing as large
+    (no per-call scratch, no buffered copy): transient arrays the size of the output cost a page fault
+    per page on every call where the allocator hands their pages back to the system."""
+    import tracemalloc
+
+    rows = store(None, 40)
+    try:
+        for m in range(6):
+            append(rows, m, 24)  # 144 rows over 4 chunks
+        picks = torch.arange(143, -1, -1).repeat(20)  # every chunk, in reverse, 2,880 rows
+        rows.gather(picks)  # the first call may size what it keeps
+        tracemalloc.start()
+        try:
+            got = rows.gather(picks)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        output = sum(v.numel() * v.element_size() for v in got.values())
+        assert peak < 1.2 * output, (peak, output)
+    finally:
+        rows.close()
