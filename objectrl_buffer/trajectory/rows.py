@@ -68,11 +68,11 @@ class RowStore:
 
     def _new_chunk(self, schema: Schema, pairs: Pairs) -> TransitionStorage:
         assert self.chunk_rows is not None
-        # write_fresh (unbounded chunks, each slot written once): a trajectory's rows are one large block per
-        # key; pwrite spares their fresh pages' reservation and write faults (TransitionStorage._write_fresh).
-        # Not for a ring: its slots are rewritten, and pwrite leaves them unmapped, so the next pass would
-        # fault on every page that the reserve-and-map path maps once for all passes.
-        storage = TransitionStorage(self.chunk_rows, self.device, write_fresh=self.ring is None)
+        # write_fresh: a trajectory's rows are one large block per key, and a block written to fresh RAM-backed
+        # slots goes through pwrite, which spares their pages' reservation and write faults
+        # (TransitionStorage._write_fresh): every write of an unbounded chunk, a ring's first pass. A ring's
+        # next passes map those slots (one populate per column) and store through the mapping.
+        storage = TransitionStorage(self.chunk_rows, self.device, write_fresh=True)
         storage.initialize(schema, {f.key: torch.as_tensor(v)[0] for f, v in pairs})
         self.chunks.append(storage)
         return storage
