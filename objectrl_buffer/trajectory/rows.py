@@ -189,8 +189,29 @@ class RowStore:
         return kept[:rows]
 
     def read(self, first: int, n: int) -> dict[Key, torch.Tensor]:
-        """Copies of the ``n`` rows from address ``first`` on (one trajectory), on the storing device."""
-        return self.gather(torch.arange(first, first + n, dtype=torch.int64))
+        """Copies of the ``n`` rows from address ``first`` on (one trajectory), on the storing device: one
+        slice copy per chunk (or per piece of a wrapped ring) straight into the returned tensors."""
+        if self.closed:
+            raise ClosedBufferError("this trajectory buffer was closed: its storage is freed")
+        size = self.chunk_rows
+        assert size is not None and self.chunks
+        pieces = []  # (storage, first slot, last slot + 1, first row of the output)
+        done = 0
+        while done < n:
+            index, slot = divmod(first + done, size)
+            storage = self.chunks[0 if self.ring is not None else index]
+            m = min(n - done, size - slot)
+            pieces.append((storage, slot, slot + m, done))
+            done += m
+        if len(pieces) == 1:
+            storage, lo, hi, _ = pieces[0]
+            return storage.gather_range(lo, hi)
+        out: dict[Key, torch.Tensor] = {}
+        for key, column in pieces[0][0].columns.items():
+            target = out[key] = column.new_empty((n, *column.shape[1:]))
+            for storage, lo, hi, at in pieces:
+                target[at : at + hi - lo] = storage.columns[key][lo:hi]
+        return out
 
     def close(self) -> None:
         """Free every chunk (memory and files). Idempotent."""

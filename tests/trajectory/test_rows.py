@@ -266,3 +266,23 @@ def test_a_gather_over_several_chunks_allocates_only_its_output() -> None:
         assert peak < 1.2 * output, (peak, output)
     finally:
         rows.close()
+
+
+@pytest.mark.parametrize("capacity,chunk_rows", [(None, 40), (60, None)])
+def test_reading_a_trajectory_across_pieces_copies_it_and_keeps_nothing(
+    capacity: int | None, chunk_rows: int | None
+) -> None:
+    """A trajectory that straddles two chunks (or wraps a ring) reads back as copies, piece by piece:
+    no gather scratch the size of a trajectory stays allocated afterwards (the saving writer reads
+    every trajectory this way)."""
+    rows = store(capacity, chunk_rows)
+    try:
+        firsts = [append(rows, m, 24) for m in range(3)]  # the second straddles 40, the third wraps at 60
+        for m in (1, 2):
+            got = rows.read(firsts[m], 24)
+            assert rows.scratch == {}
+            for value in got.values():
+                value.zero_()  # copies: the stored rows do not change
+            assert_rows(rows, firsts[m], m, 24)
+    finally:
+        rows.close()
