@@ -25,10 +25,12 @@ from objectrl_buffer.core.schema import Field, Key, Schema
 from objectrl_buffer.errors import ClosedBufferError
 from objectrl_buffer.storage.table import TransitionStorage
 
-__all__ = ["RowStore", "CHUNK_BYTES"]
+__all__ = ["RowStore", "CHUNK_BYTES", "SCRATCH_BYTES"]
 
 #: Target size of one chunk of an unbounded store (all columns together).
 CHUNK_BYTES = 256 << 20
+#: Largest scratch array (per key) a multi-chunk gather keeps between calls.
+SCRATCH_BYTES = 32 << 20
 
 Pairs = list[tuple[Field, Any]]
 
@@ -181,12 +183,16 @@ class RowStore:
         return out
 
     def _scratch(self, key: Key, column: np.ndarray, rows: int) -> np.ndarray:
-        """A kept array of at least ``rows`` rows shaped like ``column``'s (the first ``rows`` are returned).
-        Callers serialize (the buffer's lock), as for every other method."""
+        """An array of ``rows`` rows shaped like ``column``'s, kept for the next call when it is at most
+        :data:`SCRATCH_BYTES` (a huge one-off batch does not pin its size in memory). Callers serialize
+        (the buffer's lock), as for every other method."""
         kept = self.scratch.get(key)
-        if kept is None or kept.shape[0] < rows:
-            kept = self.scratch[key] = np.empty((rows, *column.shape[1:]), dtype=column.dtype)
-        return kept[:rows]
+        if kept is not None and kept.shape[0] >= rows:
+            return kept[:rows]
+        fresh = np.empty((rows, *column.shape[1:]), dtype=column.dtype)
+        if fresh.nbytes <= SCRATCH_BYTES:
+            self.scratch[key] = fresh
+        return fresh
 
     def read(self, first: int, n: int) -> dict[Key, torch.Tensor]:
         """Copies of the ``n`` rows from address ``first`` on (one trajectory), on the storing device: one

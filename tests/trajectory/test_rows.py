@@ -286,3 +286,22 @@ def test_reading_a_trajectory_across_pieces_copies_it_and_keeps_nothing(
             assert_rows(rows, firsts[m], m, 24)
     finally:
         rows.close()
+
+
+def test_a_gather_keeps_no_scratch_above_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose per-chunk rows exceed SCRATCH_BYTES is gathered right and leaves nothing kept."""
+    from objectrl_buffer.trajectory import rows as rows_module
+
+    monkeypatch.setattr(rows_module, "SCRATCH_BYTES", 0)
+    rows = store(None, 40)
+    try:
+        for m in range(6):
+            append(rows, m, 24)
+        picks = [143, 0, 70, 41, 5, 100]
+        got = rows.gather(torch.tensor(picks))
+        assert rows.scratch == {}
+        for key in got:
+            want = torch.stack([rows_of(a // 24, 24)[key][a % 24] for a in picks])
+            assert torch.equal(got[key], want), key
+    finally:
+        rows.close()
