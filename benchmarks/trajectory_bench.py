@@ -12,6 +12,7 @@ Workloads (issue 14), each timed ``--rounds`` times, median reported with the sp
 
     python benchmarks/trajectory_bench.py                 # the issue's sizes (needs ~8 GB RAM, ~6 GB disk)
     python benchmarks/trajectory_bench.py --quick         # small sizes, seconds
+    python benchmarks/trajectory_bench.py --clock cpu     # CPU time instead of wall time (a loaded box)
 
 Both peers run in one process with ``torch.set_num_threads(--threads)`` (1 by default, as ``bench.py``).
 Ratios are rlinf's time / ours (> 1: ours faster).
@@ -65,10 +66,16 @@ def make_pool(n: int, T: int, B: int, image: int, seed: int = 0) -> list[Traject
     return pool
 
 
+#: What :func:`timed` reads: ``time.perf_counter`` (wall, the default) or, with ``--clock cpu``,
+#: ``time.process_time`` (CPU seconds of every thread of this process: steadier than wall time on a
+#: shared box, where other work takes the cores; for the saving rows it also counts the writer threads).
+CLOCK: Callable[[], float] = time.perf_counter
+
+
 def timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+    start = CLOCK()
     fn()
-    return time.perf_counter() - start
+    return CLOCK() - start
 
 
 class Rounds:
@@ -180,7 +187,7 @@ def run(args: argparse.Namespace) -> str:
     header = (
         f"trajectories [T={args.T}, B={args.B}] = {rows} transitions, obs [32] + image "
         f"uint8[3,{args.image},{args.image}]; {n} adds, {args.rounds} rounds; "
-        f"load/merge: {args.load_trajectories} obs-only trajectories\n\n"
+        f"load/merge: {args.load_trajectories} obs-only trajectories; {args.clock} clock\n\n"
     )
     return header + rounds.table(["ours", "rlinf"])
 
@@ -243,12 +250,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for both peers")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="what the timings read")
     parser.add_argument("--cache-dir", default=rlinf_peer.DEFAULT_CACHE)
     parser.add_argument("--no-download", action="store_true")
     parser.add_argument("--work-dir", default=None, help="where the folders are written (default: the temp folder)")
     parser.add_argument("-o", "--output", default=None, help="also write the table to this file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)  # as bench.py: a contended 2-core machine makes torch's pool spin
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.quick:
         args.trajectories, args.T, args.B, args.image, args.pool = 12, 8, 4, 16, 4
         args.load_trajectories, args.sample_calls, args.sample_calls_off, args.rounds = 40, 20, 2, 1

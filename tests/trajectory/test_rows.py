@@ -130,7 +130,7 @@ def test_chunk_placement_is_what_placement_decides() -> None:
 
 
 def test_write_fresh_is_off_unless_asked() -> None:
-    """Only unbounded trajectory chunks take the pwrite path; a ring and other storages write as before."""
+    """Only trajectory chunks (unbounded and ring) take the pwrite path; other storages write as before."""
     from objectrl_buffer.storage.table import TransitionStorage
 
     plain = TransitionStorage(8, torch.device("cpu"))
@@ -139,10 +139,77 @@ def test_write_fresh_is_off_unless_asked() -> None:
         append(rows, 0, 8)
         ring = store(16, None)
         append(ring, 0, 8)
-        assert not plain.write_fresh and rows.chunks[0].write_fresh and not ring.chunks[0].write_fresh
+        assert not plain.write_fresh and rows.chunks[0].write_fresh and ring.chunks[0].write_fresh
         ring.close()
     finally:
         plain.close()
+        rows.close()
+
+
+def test_a_rings_first_pass_is_pwritten_and_its_next_pass_maps_exactly_the_rows_it_stores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ring's fresh slots are written like an unbounded chunk's (pwrite, reserved as written: no growth
+    stall); when it wraps, each write first maps the slots it is about to store into, and no others."""
+    from objectrl_buffer.storage import table
+
+    written: list[int] = []
+    real_pwrite = os.pwrite
+
+    def spy_pwrite(fd: int, data: Any, offset: int) -> int:
+        written.append(len(memoryview(data)))
+        return real_pwrite(fd, data, offset)
+
+    mapped: list[int] = []
+    real_populate = table.populate_write
+
+    def spy_populate(flat: torch.Tensor) -> bool:
+        mapped.append(flat.numel())
+        return real_populate(flat)
+
+    monkeypatch.setattr(os, "pwrite", spy_pwrite)
+    monkeypatch.setattr(table, "populate_write", spy_populate)
+    rows = store(72, None)
+    try:
+        for m in range(3):
+            append(rows, m, 24)
+        if not lazy(rows):
+            pytest.skip("storage not RAM-backed here")
+        schema = rows.schema
+        assert schema is not None
+        assert sum(written) == 72 * schema.row_bytes and not mapped  # the first pass: pwrite only
+        assert rows.chunks[0].reserved == 72
+        written.clear()
+        append(rows, 3, 24)  # the wrap: slots 0..23 again, mapped then stored
+        assert not written and sum(mapped) == 24 * schema.row_bytes
+        mapped.clear()
+        append(rows, 4, 24)
+        assert sum(mapped) == 24 * schema.row_bytes
+        for m, first in [(2, 48), (3, 72), (4, 96)]:
+            assert_rows(rows, first, m, 24)
+    finally:
+        rows.close()
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(8, 80), st.lists(st.integers(1, 40), min_size=1, max_size=12))
+def test_a_ring_keeps_the_newest_rows_whatever_the_sizes(capacity: int, sizes: list[int]) -> None:
+    """Against a list of the trajectories kept: writes that wrap in two pieces, land past the rows mapped
+    so far, or fill the ring exactly, all read back; evicted rows are gone from the count only."""
+    rows = store(capacity, None)
+    kept: list[tuple[int, int, int]] = []  # (trajectory, first address, rows), oldest first
+    try:
+        for m, n in enumerate(sizes):
+            if n > capacity:
+                continue
+            schema, pairs, k = rows.prepare(rows_of(m, n), rows.schema)
+            while rows.free < k:
+                _, _, old = kept.pop(0)
+                rows.drop_oldest(old)
+            kept.append((m, rows.append(schema, pairs, k), k))
+            for j, first, length in kept:
+                assert_rows(rows, first, j, length)
+    finally:
         rows.close()
 
 
@@ -173,5 +240,68 @@ def test_gathers_over_many_chunks_match_a_reference_in_the_callers_order(picks: 
             want = torch.stack([rows_of(a // 24, 24)[key][a % 24] for a in picks])
             assert torch.equal(got[key], want), key
         assert firsts == [0, 24, 48, 72, 96, 120]
+    finally:
+        rows.close()
+
+
+def test_a_gather_over_several_chunks_allocates_only_its_output() -> None:
+    """After the first call, a multi-chunk gather allocates the arrays it returns and nothing as large
+    (no per-call scratch, no buffered copy): transient arrays the size of the output cost a page fault
+    per page on every call where the allocator hands their pages back to the system."""
+    import tracemalloc
+
+    rows = store(None, 40)
+    try:
+        for m in range(6):
+            append(rows, m, 24)  # 144 rows over 4 chunks
+        picks = torch.arange(143, -1, -1).repeat(20)  # every chunk, in reverse, 2,880 rows
+        rows.gather(picks)  # the first call may size what it keeps
+        tracemalloc.start()
+        try:
+            got = rows.gather(picks)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        output = sum(v.numel() * v.element_size() for v in got.values())
+        assert peak < 1.2 * output, (peak, output)
+    finally:
+        rows.close()
+
+
+@pytest.mark.parametrize("capacity,chunk_rows", [(None, 40), (60, None)])
+def test_reading_a_trajectory_across_pieces_copies_it_and_keeps_nothing(
+    capacity: int | None, chunk_rows: int | None
+) -> None:
+    """A trajectory that straddles two chunks (or wraps a ring) reads back as copies, piece by piece:
+    no gather scratch the size of a trajectory stays allocated afterwards (the saving writer reads
+    every trajectory this way)."""
+    rows = store(capacity, chunk_rows)
+    try:
+        firsts = [append(rows, m, 24) for m in range(3)]  # the second straddles 40, the third wraps at 60
+        for m in (1, 2):
+            got = rows.read(firsts[m], 24)
+            assert rows.scratch == {}
+            for value in got.values():
+                value.zero_()  # copies: the stored rows do not change
+            assert_rows(rows, firsts[m], m, 24)
+    finally:
+        rows.close()
+
+
+def test_a_gather_keeps_no_scratch_above_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose per-chunk rows exceed SCRATCH_BYTES is gathered right and leaves nothing kept."""
+    from objectrl_buffer.trajectory import rows as rows_module
+
+    monkeypatch.setattr(rows_module, "SCRATCH_BYTES", 0)
+    rows = store(None, 40)
+    try:
+        for m in range(6):
+            append(rows, m, 24)
+        picks = [143, 0, 70, 41, 5, 100]
+        got = rows.gather(torch.tensor(picks))
+        assert rows.scratch == {}
+        for key in got:
+            want = torch.stack([rows_of(a // 24, 24)[key][a % 24] for a in picks])
+            assert torch.equal(got[key], want), key
     finally:
         rows.close()
