@@ -32,7 +32,7 @@ from objectrl_buffer.distributed.cut import journal_path, read_manifest, shard_p
 from objectrl_buffer.errors import CheckpointError
 from objectrl_buffer.flow.limited import batch_rows
 
-__all__ = ["Shard", "ShardState", "GENERATION_KEY", "RAW_WEIGHT", "to_numpy"]
+__all__ = ["Shard", "ShardState", "GENERATION_KEY", "RAW_WEIGHT", "flat", "to_numpy"]
 
 #: The key of a remote sample saying which write of each slot was drawn.
 GENERATION_KEY = "generation"
@@ -40,14 +40,20 @@ GENERATION_KEY = "generation"
 RAW_WEIGHT = "_raw_weight"
 
 
+def flat(data: TensorDictBase | Mapping[str, Any]) -> dict[str, Any]:
+    """A write as a flat ``{key: value}`` dict (nested TensorDict keys joined by ``"."``; values as they are)."""
+    if not isinstance(data, TensorDictBase):
+        return dict(data)
+    items = data.items(include_nested=True, leaves_only=True)
+    return {".".join(key) if isinstance(key, tuple) else key: value for key, value in items}
+
+
 def to_numpy(data: TensorDictBase | Mapping[str, Any]) -> dict[str, Any]:
     """A write as flat ``{key: NumPy array or number}`` (nested keys joined by ``"."``)."""
-    items = data.items(include_nested=True, leaves_only=True) if isinstance(data, TensorDictBase) else data.items()
-    out = {}
-    for key, value in items:
-        name = ".".join(key) if isinstance(key, tuple) else key
-        out[name] = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
-    return out
+    return {
+        key: value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+        for key, value in flat(data).items()
+    }
 
 
 def _from_numpy(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,8 +10,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.distributed.remote import GENERATION_KEY, RemoteBuffer
@@ -21,9 +23,10 @@ from objectrl_buffer.errors import (
     InvalidArgumentError,
     RateLimitDeadlock,
     RateLimitTimeout,
+    SchemaError,
 )
 from objectrl_buffer.flow import MinSize, Queue
-from tests.support import rows
+from tests.support import one_row, rows
 
 ray = pytest.importorskip("ray")
 
@@ -133,6 +136,49 @@ def test_writer_prefetch_and_a_handle_in_a_task(local_ray: None, tmp_path: Any) 
     before = live_refs()
     long_run(400)
     assert live_refs() <= before  # nothing kept from the longer run
+    remote.kill()
+
+
+def row_forms(i: int) -> Any:
+    """Transition ``i`` in one of the forms an env loop hands a writer (cycling by ``i``)."""
+    row = one_row(i)  # tensors and Python numbers, as ObjectRL's agent builds it
+    form = i % 5
+    if form == 1:  # NumPy arrays and NumPy scalars (float64 ones too, cast as a buffer's add casts them)
+        row = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in row.items()}
+        row["reward"], row["step"] = np.float64(row["reward"]), np.int64(row["step"])
+    elif form == 2:  # a TensorDict
+        row = TensorDict({k: torch.as_tensor(v) for k, v in row.items()}, [])
+    elif form == 3:  # 0-d tensors for the numbers
+        row = {k: torch.as_tensor(v) for k, v in row.items()}
+    elif form == 4:  # Python ints for a float column
+        row["reward"] = int(row["reward"])
+    return row
+
+
+def test_writer_stores_what_a_buffer_add_stores_and_refuses_what_it_refuses(local_ray: None, tmp_path: Any) -> None:
+    """Single adds through a writer reach the shard as a local buffer's ``add`` of the same rows stores them
+    (dtypes fixed by the first row, casts by the buffer's rules); a row that does not fit raises the buffer's
+    error naming the key and queues nothing; column sets reused across many batches in flight keep every row."""
+    remote = launch(ReplayBuffer, 1000, 1, tmp_path / "r")
+    local = ReplayBuffer("cpu", "cpu", 1000, seed=0, storage_dir=str(tmp_path / "l"))
+    with remote.writer(batch_size=4, flush_every_s=100, max_in_flight=2) as writer:
+        for i in range(50):
+            if i == 7:
+                bad = one_row(i)
+                with pytest.raises(SchemaError, match="state"):
+                    writer.add({**bad, "state": bad["state"][:3]})  # a per-row shape the first row did not have
+                with pytest.raises(SchemaError, match="step"):
+                    writer.add({**bad, "step": 0.5})  # a float into the int64 column
+                with pytest.raises(InvalidArgumentError, match="keys"):
+                    writer.add({k: v for k, v in bad.items() if k != "value"})
+            writer.add(row_forms(i))
+            local.add(row_forms(i))
+    got, want = remote.call("sample_all")[0], local.sample_all()
+    assert set(got.keys()) == set(want.keys())
+    for key in sorted(want.keys()):
+        assert got[key].dtype == want[key].dtype, key
+        assert torch.equal(got[key], want[key]), key
+    local.close()
     remote.kill()
 
 
