@@ -38,14 +38,15 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer.core.keys import INDEX_KEY, WEIGHT_KEY
-from objectrl_buffer.core.schema import Schema
+from objectrl_buffer.core.schema import Key, Schema
 from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.distributed.coordinator import Coordinator
-from objectrl_buffer.distributed.shard import GENERATION_KEY, RAW_WEIGHT, Shard, flat, to_numpy
+from objectrl_buffer.distributed.shard import GENERATION_KEY, RAW_WEIGHT, Shard, flat, to_numpy, unpack
 from objectrl_buffer.errors import BufferUnavailable, EmptyBufferError, InvalidArgumentError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.flow.limiter import RateLimiter
 from objectrl_buffer.storage.fast_write import FastWriter
+from objectrl_buffer.storage.table import make_tensordict
 
 __all__ = ["RemoteBuffer", "Shard", "Writer", "GENERATION_KEY", "to_numpy"]
 
@@ -274,24 +275,41 @@ class RemoteBuffer:
             if isinstance(exc.cause, ReplayBufferError):
                 raise exc.cause from None
             raise
-        masses = torch.tensor([mass for mass, _ in got], dtype=torch.float64)
-        if not masses.sum() > 0:
-            raise EmptyBufferError("no shard holds a row to sample")
-        if len(got) == 1:
-            counts = [batch_size]
+        return self.assemble(batch_size, got)
+
+    def assemble(self, batch_size: int, got: list[bytes]) -> TensorDict:
+        """One batch of ``batch_size`` rows from each shard's packed draw (see the module docs)."""
+        if len(got) == 1:  # the whole draw: views of one writable copy of its bytes
+            mass, _, out = unpack(got[0])
+            if not mass > 0:
+                raise EmptyBufferError("no shard holds a row to sample")
         else:
-            picks = torch.multinomial(masses, batch_size, replacement=True, generator=self.generator)
-            counts = torch.bincount(picks, minlength=len(self.shards)).tolist()
-        which = [i for i, c in enumerate(counts) if c]
-        parts = [{key: value[: counts[i]] for key, value in got[i][1].items()} for i in which]
-        out = {key: torch.from_numpy(np.concatenate([p[key] for p in parts])) for key in parts[0]}
-        if which != [0]:
-            offsets = [np.full(counts[i], i * self.capacity, dtype=np.int64) for i in which]
-            out[INDEX_KEY] = out[INDEX_KEY] + torch.from_numpy(np.concatenate(offsets))
-        raw = out.pop(RAW_WEIGHT, None)
-        if raw is not None and self.beta is not None:  # weights over the whole batch, as one buffer's
-            out[WEIGHT_KEY] = (raw / raw.min()).pow(-self.beta).to(torch.float32)
-        return TensorDict(out, batch_size=[batch_size]).unflatten_keys(".")
+            draws = [unpack(packed, copy=False) for packed in got]
+            masses = [mass for mass, _, _ in draws]
+            if not sum(masses) > 0:
+                raise EmptyBufferError("no shard holds a row to sample")
+            weights = torch.tensor(masses, dtype=torch.float64)
+            picks = torch.multinomial(weights, batch_size, replacement=True, generator=self.generator)
+            counts = np.bincount(picks.numpy(), minlength=len(got))
+            which = np.flatnonzero(counts)
+            kept = counts[which]
+            # the first counts[i] rows of each shard's draw; np.concatenate copies them out of the bytes
+            parts = [draws[i][2] for i in which]
+            out = {key: np.concatenate([p[key][:c] for c, p in zip(kept, parts, strict=True)]) for key in parts[0]}
+            out[INDEX_KEY] += np.repeat(which.astype(np.int64) * self.capacity, kept)
+        values: dict[Key, torch.Tensor] = {}
+        nested = False
+        for key, value in out.items():
+            if key == RAW_WEIGHT:
+                if self.beta is not None:  # weights over the whole batch, as one buffer's
+                    raw = torch.from_numpy(value)
+                    values[WEIGHT_KEY] = (raw / raw.min()).pow(-self.beta).to(torch.float32)
+            elif "." in key:  # a nested key, flattened for the trip
+                values[tuple(key.split("."))] = torch.from_numpy(value)
+                nested = True
+            else:
+                values[key] = torch.from_numpy(value)
+        return make_tensordict(values, torch.Size([batch_size]), None, nested)
 
     def sample_batch(self, batch_size: int, *, timeout: float | None = None) -> TensorDict:
         """``batch_size`` rows over all shards with one big buffer's probabilities (see the module docs).

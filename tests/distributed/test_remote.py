@@ -60,6 +60,29 @@ def test_sharded_sampling_matches_one_buffer(local_ray: None, tmp_path: Any) -> 
     remote.kill()
 
 
+def test_sampled_rows_are_the_stored_rows(local_ray: None, tmp_path: Any) -> None:
+    """Every sampled row holds the values of the row at its global index, nested keys included, whichever
+    shard it came from (one shard's draw and a split over two)."""
+    for shards in (1, 2):
+        remote = launch(ReplayBuffer, 100, shards, tmp_path / str(shards))
+        for first in (0, 40):
+            data = rows(first, 40)
+            nested = TensorDict({"obs": {"pixels": data["frame"]}, "step": data["step"]}, [40])
+            remote.add_batch(nested.update({k: v for k, v in data.items() if k not in ("frame", "step")}))
+        batch = remote.sample_batch(300)
+        assert batch.batch_size == torch.Size([300])
+        stored = {i: part for i, part in enumerate(remote.call("sample_all"))}
+        for key in [("obs", "pixels"), "state", "reward", "terminated", "value"]:
+            stored_key = ".".join(key) if isinstance(key, tuple) else key  # flattened for the trip
+            for shard, part in stored.items():
+                mine = (batch["index"] // 100) == shard
+                want = part[stored_key][batch["index"][mine] % 100]
+                assert torch.equal(batch[key][mine], want), (key, shard)
+                assert batch[key].dtype == part[stored_key].dtype
+        assert set(((batch["step"] - 4) // 1000).tolist()) <= set(range(80))
+        remote.kill()
+
+
 def test_priorities_across_shards(local_ray: None, tmp_path: Any) -> None:
     remote = launch(PrioritizedReplayBuffer, 100, 2, tmp_path, alpha=1.0, beta=0.5, eps=0.0)
     remote.add_batch(rows(0, 10))
