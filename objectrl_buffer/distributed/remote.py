@@ -275,6 +275,9 @@ class RemoteBuffer:
             if isinstance(exc.cause, ReplayBufferError):
                 raise exc.cause from None
             raise
+        refused = next((draw for draw in got if isinstance(draw, ReplayBufferError)), None)
+        if refused is not None:  # the limiter's refusal, handed back by the shards
+            raise refused
         return self.assemble(batch_size, got)
 
     def assemble(self, batch_size: int, got: list[bytes]) -> TensorDict:

@@ -31,7 +31,7 @@ from objectrl_buffer.checkpoint.extras import Arrays, Values
 from objectrl_buffer.checkpoint.manifest import ExtraValue
 from objectrl_buffer.core.keys import INDEX_KEY
 from objectrl_buffer.distributed.cut import journal_path, read_manifest, shard_path
-from objectrl_buffer.errors import CheckpointError
+from objectrl_buffer.errors import CheckpointError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.storage.torchrl_compat import plain_items
 
@@ -260,9 +260,12 @@ class Shard:
         mass = float(priorities.index.total()) if priorities is not None and size else float(size)
         return size, mass, self.lost
 
-    def sample(self, k: int, _admitted: Any = None) -> bytes:
+    def sample(self, k: int, _admitted: Any = None) -> bytes | ReplayBufferError:
         """The shard's mass and ``k`` rows drawn by the buffer's own rule (with ``"generation"`` and, prioritized,
-        the raw weights), :func:`pack` ed; no rows when it holds none."""
+        the raw weights), :func:`pack` ed; no rows when it holds none. ``_admitted``: the limiter's answer (a Ray
+        dependency); a refusal is returned as it is, nothing drawn (see ``Coordinator.admit_sample``)."""
+        if isinstance(_admitted, ReplayBufferError):
+            return _admitted
         _, mass, _ = self.stats()
         if not mass > 0:
             return pack(0.0, {})

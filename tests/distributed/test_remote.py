@@ -5,6 +5,7 @@ one rate limiter for all shards, checkpoint cuts, shard restarts with exactly-on
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -227,6 +228,34 @@ def test_one_rate_limiter_for_all_shards(local_ray: None, tmp_path: Any) -> None
     stream = remote.prefetch(2, depth=2, timeout=1)
     assert next(stream).batch_size == torch.Size([2])
     stream.close()
+    remote.kill()
+
+
+def test_a_refused_prefetch_leaves_no_error_in_ray(local_ray: None, tmp_path: Any) -> None:
+    """Draws in flight when a prefetch ends on a refusal (its ``timeout``) come back as values, not as errors
+    Ray would log as unhandled once their refs are dropped; nothing is counted."""
+    remote = launch(ReplayBuffer, 100, 2, tmp_path, rate_limiter=MinSize(1000))  # admits no sample here
+    remote.add_batch(rows(0, 4))
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("ray._private.worker")
+    logger.addHandler(handler)
+    try:
+        stream = remote.prefetch(2, depth=3, timeout=0.1)
+        with pytest.raises(RateLimitTimeout):
+            next(stream)
+        del stream
+        gc.collect()
+        time.sleep(1.0)  # the other draws time out meanwhile and their refs are gone
+        with pytest.raises(RateLimitTimeout):
+            remote.sample_batch(2, timeout=0.1)
+        gc.collect()
+        time.sleep(0.5)
+    finally:
+        logger.removeHandler(handler)
+    assert [m for m in seen if "Unhandled error" in m] == []
+    assert remote.limiter_counters()["samples"] == 0
     remote.kill()
 
 
