@@ -440,7 +440,7 @@ class Writer:
 
     The first row fixes the schema (keys, per-row shapes and dtypes, as a buffer's first ``add`` does: a
     Python float is stored as ``torch.get_default_dtype()``); rows are copied into preallocated NumPy columns
-    by the library's compiled row writer (~0.2 us a key for the plain form an env loop hands over: NumPy
+    by the library's compiled row writer (~0.3 us a key for the plain form an env loop hands over: NumPy
     arrays, Python numbers, CPU tensors). Anything else is checked by the schema's full rules, cast and
     stored, or refused with a :class:`~objectrl_buffer.errors.SchemaError` naming the key. The columns of a
     batch on its way are kept until the shard acknowledges it (a retry sends them again), then reused: at
