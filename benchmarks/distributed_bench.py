@@ -32,6 +32,7 @@ from objectrl_buffer.distributed import SharedBuffer
 from objectrl_buffer.flow import MinSize, limited
 
 BATCH = 256
+PEER_ADDS = 500  # torchrl RayReplayBuffer.add calls timed (one blocking round trip each)
 
 
 def batch(n: int = BATCH) -> dict[str, torch.Tensor]:
@@ -281,14 +282,22 @@ def _row(i: int) -> dict[str, Any]:
     }
 
 
+def _single_adds(handle: Any, rows: int) -> None:
+    """``rows`` single adds through ``handle.writer()``, cycling through ``POOL`` prebuilt rows (what an env
+    loop hands over: fresh arrays and Python numbers; building them is the env's cost, not the buffer's)."""
+    pool = [_row(i) for i in range(POOL)]
+    with handle.writer(batch_size=1024, max_in_flight=4) as writer:
+        add = writer.add
+        for i in range(rows):
+            add(pool[i % POOL])
+
+
 class WriterActor:
     """A writer process on the node: single adds through ``handle.writer()``."""
 
     def run(self, handle: Any, rows: int) -> tuple[float, float]:
         start = time.time()
-        with handle.writer(batch_size=1024, max_in_flight=4) as writer:
-            for i in range(rows):
-                writer.add(_row(i))
+        _single_adds(handle, rows)
         return start, time.time()
 
 
@@ -318,6 +327,7 @@ def ray_results(rows: int, writers: int, rounds: int) -> dict[str, Any]:
             storage=partial(LazyTensorStorage, rows), batch_size=BATCH, remote_config={"num_cpus": 0}
         )
         peer_td = TensorDict(data, [BATCH])
+        peer_rows = [TensorDict({k: torch.as_tensor(v) for k, v in _row(i).items()}, []) for i in range(POOL)]
         actors = [ray.remote(WriterActor).options(num_cpus=0).remote() for _ in range(writers)]
         ray.get([a.run.remote(remote, 8) for a in actors])  # started and warm
         for warm in (remote.add_batch, two.add_batch, two.add_batch):
@@ -338,10 +348,12 @@ def ray_results(rows: int, writers: int, rounds: int) -> dict[str, Any]:
                 n_batches * BATCH / (time.perf_counter() - start),
             )
             start = time.perf_counter()
-            with remote.writer(batch_size=1024, max_in_flight=4) as writer:
-                for i in range(n_batches * BATCH):
-                    writer.add(_row(i))
+            _single_adds(remote, n_batches * BATCH)
             put("RemoteBuffer writer() single adds, driver, rows/s", n_batches * BATCH / (time.perf_counter() - start))
+            start = time.perf_counter()
+            for i in range(PEER_ADDS):  # one blocking actor call per row: a few hundred are enough
+                peer.add(peer_rows[i % POOL])
+            put("torchrl RayReplayBuffer add(), driver, rows/s", PEER_ADDS / (time.perf_counter() - start))
             per = rows // 4 // writers
             spans = ray.get([a.run.remote(remote, per) for a in actors])
             wall = max(end for _, end in spans) - min(begin for begin, _ in spans)

@@ -15,10 +15,13 @@ scaled down to one machine):
   skipped), and broadcasts its weights every ``--broadcast-every`` updates: ``ray.put`` of the state dict as
   NumPy arrays (torch tensors through Ray's object store are pickled copies, 10-40x slower).
 * A ``SampleToInsertRatio(--samples-per-insert, --min-size, --error-buffer)`` keeps the replay ratio: rows
-  sampled per row inserted. Until ``RemoteBuffer.launch`` takes ``rate_limiter=``, the learner holds it
-  (:class:`LearnerGate`): the rows the handle holds count as inserts, the learner's draws as samples, the learner
-  draws only what it admits and the actors step only as far as it would admit inserts. Once ``launch`` takes it,
-  flip ``SERVER_SIDE_LIMITER``: the shards then admit the writes and the draws themselves.
+  sampled per row inserted. By default the learner holds it (:class:`LearnerGate`): the rows the handle holds
+  count as inserts, the learner's draws as samples, the learner draws only what it admits and the actors step
+  only as far as it would admit inserts. With ``--server-limiter`` it is handed to ``RemoteBuffer.launch(...,
+  rate_limiter=...)`` instead: the buffer's coordinator admits the actors' writes (a writer's batch waits
+  until the ratio lets it in) and the learner's draws (counted when they are sent, so a prefetched draw
+  counts before the learner trains on it); the learner's draws wait at most ``SAMPLE_TIMEOUT_S`` each, so
+  the run ends once the actors are done and the ratio admits no more.
 
 With the defaults (24,000 env steps over two actors, 32 sampled rows per row written, about 11,600 updates of
 64) the greedy policy's mean return over the final 20 evaluation episodes is above CartPole's "solved" 195:
@@ -29,6 +32,7 @@ and 298.6 (``docs/apex_dqn.json`` is the last of them, ``docs/apex_dqn.png`` its
 
     python examples/apex_dqn.py                                   # the documented default run
     python examples/apex_dqn.py --num-actors 4 --num-shards 2     # more actors, the buffer in two shards
+    python examples/apex_dqn.py --server-limiter                  # the buffer keeps the replay ratio
     python examples/apex_dqn.py --plot docs/apex_dqn.png --summary docs/apex_dqn.json
 
 Output: a tqdm bar (interactive terminals only), the greedy evaluations as they come, the measured replay
@@ -64,12 +68,13 @@ from tqdm import tqdm
 
 from objectrl_buffer import PrioritizedReplayBuffer
 from objectrl_buffer.distributed import RemoteBuffer
+from objectrl_buffer.errors import RateLimitTimeout
 from objectrl_buffer.flow import SampleToInsertRatio
 
 SOLVED_RETURN = 195.0  # CartPole's classic "solved" threshold (mean over the last episodes)
-# The one line to change once RemoteBuffer.launch takes rate_limiter= (issue 16): True hands the limiter to
-# launch, whose shards then admit the actors' writes and the learner's draws; LearnerGate steps aside.
-SERVER_SIDE_LIMITER = False
+# --server-limiter: how long one draw waits for the limiter before the learner looks whether the actors are done
+SAMPLE_TIMEOUT_S = 0.5
+PREFETCH_DEPTH = 2  # samples in flight while the learner trains
 SYNC_PERIOD_S = 0.01  # how often the learner exchanges budget/weights/progress with each actor at most
 
 
@@ -88,6 +93,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-size", type=int, default=1_000, help="rows in the buffer before the first sample")
     p.add_argument(
         "--error-buffer", type=float, default=8_192.0, help="the limiter's slack, in sampled rows, around the ratio"
+    )
+    p.add_argument(
+        "--server-limiter",
+        action="store_true",
+        help="hand the limiter to RemoteBuffer.launch(rate_limiter=...): the buffer admits writes and draws",
     )
     p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument(
@@ -118,7 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.num_actors < 1 or args.num_shards < 1 or args.total_steps < args.num_actors:
         p.error("--num-actors and --num-shards must be >= 1, --total-steps >= --num-actors")
-    if args.buffer_size * args.num_shards < args.total_steps:
+    if not args.server_limiter and args.buffer_size * args.num_shards < args.total_steps:
         # LearnerGate counts the rows the handle holds as inserts, exact only while no ring has wrapped.
         p.error("--buffer-size * --num-shards must hold --total-steps (the learner counts inserts by rows held)")
     if args.min_size < args.batch_size or args.min_size > args.total_steps:
@@ -246,8 +256,8 @@ class ApexActor:
 
 # ----------------------------------------------------------------------------------------- the replay ratio
 class LearnerGate:
-    """The replay ratio kept in the learner with ``limiter`` (until ``RemoteBuffer.launch`` takes
-    ``rate_limiter=``): the rows ``handle`` holds count as inserts, the learner's draws as samples.
+    """The replay ratio kept in the learner with ``limiter`` (the default; ``--server-limiter`` hands it to
+    ``RemoteBuffer.launch`` instead): the rows ``handle`` holds count as inserts, the learner's draws as samples.
 
     :meth:`try_sample` admits a draw by the limiter's rule; :meth:`budget` is how many inserts it would admit
     in all, what the actors may step to. Both sides of Reverb's ``SampleToInsertRatio`` hold: the learner never
@@ -385,13 +395,13 @@ def train(args: argparse.Namespace, wall_start: float) -> float:
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
 
     limiter = SampleToInsertRatio(args.samples_per_insert, args.min_size, args.error_buffer)
-    extra: dict[str, Any] = {"rate_limiter": limiter} if SERVER_SIDE_LIMITER else {}
+    extra: dict[str, Any] = {"rate_limiter": limiter} if args.server_limiter else {}
     handle = RemoteBuffer.launch(
         PrioritizedReplayBuffer, "cpu", "cpu", args.buffer_size, num_shards=args.num_shards,
         alpha=args.alpha, beta=args.beta, seed=args.seed,
         **extra,
     )  # fmt: skip
-    gate = None if SERVER_SIDE_LIMITER else LearnerGate(limiter, handle)
+    gate = None if args.server_limiter else LearnerGate(limiter, handle)
 
     epsilons = apex_epsilons(args.num_actors, args.eps_base, args.eps_alpha)
     quotas = [
@@ -443,9 +453,13 @@ def train(args: argparse.Namespace, wall_start: float) -> float:
             tqdm.write(f"env step {next_eval}: greedy mean return {mean:.1f} ({updates} updates, "
                        f"{time.perf_counter() - wall_start:.0f} s)")  # fmt: skip
             next_eval += args.eval_every
-        if gate is None:  # the shards' limiter blocks the draws until the ratio admits them
+        if gate is None:  # the buffer's limiter holds the draws until the ratio admits them
             if all(done):
                 break
+            if sum(steps) < args.min_size:  # no draw is admitted before --min-size rows: don't wait on one
+                idle_polls += 1
+                time.sleep(0.002)
+                continue
         elif not gate.try_sample(args.batch_size):
             if all(done) and gate.count_inserts() == sum(quotas):
                 break  # every row is in and the ratio admits no more draws: the run is over
@@ -454,8 +468,15 @@ def train(args: argparse.Namespace, wall_start: float) -> float:
             time.sleep(0.002)  # the actors are behind the ratio: let them write
             continue
         if batches is None:  # the first admitted draw: the buffer holds --min-size rows by now
-            batches = handle.prefetch(args.batch_size, depth=2)
-        batch = next(batches)
+            timeout = SAMPLE_TIMEOUT_S if gate is None else None
+            batches = handle.prefetch(args.batch_size, depth=PREFETCH_DEPTH, timeout=timeout)
+        try:
+            batch = next(batches)
+        except RateLimitTimeout:  # --server-limiter: the actors are behind the ratio (or done); the stream ended
+            batches = None
+            idle_polls += 1
+            ray.get(ray.wait(runs, num_returns=len(runs), timeout=0)[0])  # an actor that failed raises here
+            continue
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = args.learning_rate * max(0.0, 1.0 - sum(steps) / args.total_steps)
         loss, td_error = double_dqn_loss(batch, q_network, target_network)
@@ -484,6 +505,8 @@ def train(args: argparse.Namespace, wall_start: float) -> float:
     if isinstance(batches, Generator):
         batches.close()  # stops the prefetch thread; its samples in flight are dropped
     rows_held, priority_mass = map(sum, zip(*handle.stats(), strict=True))
+    if gate is None:  # the buffer's limiter counted; mirror its counters here for the report
+        limiter.restore({}, handle.limiter_counters())
     final = evaluate(q_network, args.final_episodes, args.seed + 99_999)
     handle.kill()
     wall = time.perf_counter() - wall_start
@@ -497,11 +520,11 @@ def train(args: argparse.Namespace, wall_start: float) -> float:
     print(f"buffer: {int(rows_held)} rows in {args.num_shards} shard(s), priority mass {priority_mass:.1f}")
     print(f"learner: {updates} updates of {args.batch_size}, sampled rows by actor {actor_rows_seen.tolist()}")
     print(f"priority updates applied: {applied}; the learner waited for the actors {idle_polls} times")
-    if gate is not None:
-        print(
-            f"replay ratio: {ratio:.2f} sampled rows per row inserted past --min-size "
-            f"(target {args.samples_per_insert:g}; limiter {limiter!r})"
-        )
+    where = "the learner's gate" if gate is not None else "the buffer's limiter"
+    print(
+        f"replay ratio: {ratio:.2f} sampled rows per row inserted past --min-size "
+        f"(target {args.samples_per_insert:g}; {where}: {limiter!r})"
+    )
     print(f"greedy evaluations: {', '.join(f'{s}: {m:.0f}' for s, m, _ in curve.evals)}")
     solved = curve.solved_at()
     if solved is not None:
@@ -522,6 +545,7 @@ def train(args: argparse.Namespace, wall_start: float) -> float:
             "batch_size": args.batch_size,
             "priority_updates_applied": applied,
             "samples_per_insert": args.samples_per_insert,
+            "server_limiter": args.server_limiter,
             "limiter": {k: getattr(limiter, k) for k in ("inserts", "samples", "diff", "min_diff", "max_diff")},
             "replay_ratio": round(ratio, 3),
             "evaluations": [[s, round(m, 1)] for s, m, _ in curve.evals],

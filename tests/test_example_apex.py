@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -103,42 +104,99 @@ def test_gate_keeps_reverbs_ratio(
 def run_example(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     """The example as a script in a child process (Ray pickles its actor class by value from ``__main__``),
     importing this checkout's package (Ray's workers inherit ``PYTHONPATH``)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     return subprocess.run(
-        [sys.executable, str(EXAMPLE), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(EXAMPLE), *args], cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=timeout
     )
 
 
-def test_short_run_writes_samples_and_updates_priorities(tmp_path: Path) -> None:
-    summary, plot = tmp_path / "apex.json", tmp_path / "apex.png"
-    total, batch = 600, 16
-    args = [
-        "--total-steps", str(total), "--min-size", "100", "--batch-size", str(batch),
+def child_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
+TOTAL, BATCH = 600, 16
+# Both short runs in one child process and one local Ray (its start-up is most of a short run): the example's
+# main() leaves a Ray it did not start running. run_path's module is gone from sys.modules once it has run,
+# so Ray pickles the actor class by value, as it does from a script's __main__.
+DRIVER = """
+import json, runpy, sys
+import ray
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+main = runpy.run_path(sys.argv[1])["main"]
+for mode, argv in json.loads(sys.argv[2]).items():
+    print(f"=== {mode}", flush=True)
+    main(argv)
+ray.shutdown()
+"""
+
+
+@pytest.fixture(scope="module")
+def short_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], str, Path]]:
+    """``mode -> (summary, stdout, plot)`` of a short run with the learner's gate and one with
+    ``--server-limiter``."""
+    tmp = tmp_path_factory.mktemp("apex")
+    common = [
+        "--total-steps", str(TOTAL), "--min-size", "100", "--batch-size", str(BATCH),
         "--samples-per-insert", "2", "--error-buffer", "64", "--hidden", "16", "--buffer-size", "1000",
         "--eval-every", "300", "--eval-episodes", "1", "--final-episodes", "2", "--broadcast-every", "5",
-        "--writer-batch", "8", "--no-progress", "--plot", str(plot), "--summary", str(summary),
+        "--writer-batch", "8", "--no-progress",
     ]  # fmt: skip
-    done = run_example(args, tmp_path, timeout=240)
+    modes = {"gate": [], "server": ["--server-limiter"]}  # one shard: each actor is a process start-up
+    argv = {
+        mode: [*common, *extra, "--plot", str(tmp / f"{mode}.png"), "--summary", str(tmp / f"{mode}.json")]
+        for mode, extra in modes.items()
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(EXAMPLE), json.dumps(argv)],
+        cwd=tmp, env=child_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "mean greedy return over 2 evaluation episodes: " in done.stdout
+    outputs = dict(part.split("\n", 1) for part in done.stdout.split("=== ")[1:])
+    return {
+        mode: (json.loads((tmp / f"{mode}.json").read_text()), outputs[mode], tmp / f"{mode}.png") for mode in modes
+    }
 
-    run = json.loads(summary.read_text())
-    assert sum(run["rows_written"]) == total and len(run["rows_written"]) == 2
-    assert run["rows_held"] == total  # every row the actors wrote reached the buffer
+
+def check_short_run(run: dict[str, Any], stdout: str, plot: Path) -> None:
+    """What every short run must produce: every actor's rows in the buffer, draws of both actors' rows, every
+    priority update applied, the summary and the PNG."""
+    assert "mean greedy return over 2 evaluation episodes: " in stdout
+    assert sum(run["rows_written"]) == TOTAL and len(run["rows_written"]) == 2
+    assert run["rows_held"] == TOTAL  # every row the actors wrote reached the buffer
     assert all(n > 0 for n in run["sampled_rows_by_actor"])  # the learner drew rows of both actors
-    sampled = run["updates"] * batch
+    sampled = run["updates"] * BATCH
     assert run["updates"] > 0 and sum(run["sampled_rows_by_actor"]) == sampled
     assert run["priority_updates_applied"] == sampled  # no slot was rewritten (capacity 1000 > 600 rows)
-    assert abs(run["priority_mass"] - total) > 1  # the priorities moved off the new rows' 1.0
-    limiter = run["limiter"]
-    assert limiter["inserts"] == total and limiter["samples"] == sampled
-    # The learner drew until the ratio admitted no more: the window's floor is reached, never crossed.
-    assert limiter["min_diff"] <= limiter["diff"] < limiter["min_diff"] + batch
+    assert abs(run["priority_mass"] - TOTAL) > 1  # the priorities moved off the new rows' 1.0
     assert [step for step, _ in run["evaluations"]] == [300, 600]
-    assert ("every evaluation >= 195" in done.stdout) == (run["solved_from_step"] is not None)
+    assert ("every evaluation >= 195" in stdout) == (run["solved_from_step"] is not None)
     assert math.isfinite(run["mean_return"])
     if importlib.util.find_spec("matplotlib") is not None:
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_short_run_writes_samples_and_updates_priorities(short_runs: dict[str, Any]) -> None:
+    run, stdout, plot = short_runs["gate"]
+    check_short_run(run, stdout, plot)
+    assert not run["server_limiter"]
+    limiter = run["limiter"]
+    assert limiter["inserts"] == TOTAL and limiter["samples"] == run["updates"] * BATCH
+    # The learner drew until the ratio admitted no more: the window's floor is reached, never crossed.
+    assert limiter["min_diff"] <= limiter["diff"] < limiter["min_diff"] + BATCH
+
+
+def test_short_run_with_the_buffers_limiter(short_runs: dict[str, Any]) -> None:
+    """``--server-limiter``: the remote buffer's own limiter admits the actors' writes and the learner's draws;
+    the run ends once the actors are done, with the ratio inside Reverb's window (the limiter over several
+    shards: tests/distributed/test_remote.py)."""
+    run, stdout, plot = short_runs["server"]
+    check_short_run(run, stdout, plot)
+    assert run["server_limiter"]
+    limiter = run["limiter"]  # the coordinator's counters
+    assert limiter["inserts"] == TOTAL
+    trained = run["updates"] * BATCH  # prefetched draws count when sent: at most PREFETCH_DEPTH more per stream
+    assert trained <= limiter["samples"]
+    assert limiter["min_diff"] <= limiter["diff"] <= limiter["max_diff"]
+    assert "the buffer's limiter" in stdout
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from objectrl_buffer.distributed.cut import generation_folder, prune, read_manifest, write_manifest
+from objectrl_buffer.errors import RateLimitDeadlock, RateLimitTimeout, ReplayBufferError
 from objectrl_buffer.flow.limiter import RateLimiter
 
 __all__ = ["Coordinator"]
@@ -102,12 +103,21 @@ class Coordinator:
                 self.limiter.delete(held - self.capacity)
         return True
 
-    def admit_sample(self, n: int, timeout: float | None) -> bool:
-        """Wait until ``n`` samples are admitted, then count them. Raises as :meth:`admit_insert`."""
+    def admit_sample(self, n: int, timeout: float | None) -> bool | ReplayBufferError:
+        """Wait until ``n`` samples are admitted, then count them; ``True``.
+
+        A refusal (:class:`~objectrl_buffer.errors.RateLimitTimeout`, ``RateLimitDeadlock``: nothing counted) is
+        *returned*: the shards hand it back as their draw and the handle raises it. Raised here, it would sit as
+        an error in every shard's result ref, and a draw that nobody fetches (a prefetch that ended) would be
+        logged by Ray as an unhandled error.
+        """
         with self.gate:
             pass
         if self.limiter is not None:
-            self.limiter.sample(n, timeout)
+            try:
+                self.limiter.sample(n, timeout)
+            except (RateLimitTimeout, RateLimitDeadlock) as exc:
+                return exc
         return True
 
     def counters(self) -> dict[str, int]:

@@ -38,12 +38,15 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer.core.keys import INDEX_KEY, WEIGHT_KEY
+from objectrl_buffer.core.schema import Key, Schema
 from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.distributed.coordinator import Coordinator
-from objectrl_buffer.distributed.shard import GENERATION_KEY, RAW_WEIGHT, Shard, to_numpy
+from objectrl_buffer.distributed.shard import GENERATION_KEY, RAW_WEIGHT, Shard, flat, to_numpy, unpack
 from objectrl_buffer.errors import BufferUnavailable, EmptyBufferError, InvalidArgumentError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.flow.limiter import RateLimiter
+from objectrl_buffer.storage.fast_write import FastWriter
+from objectrl_buffer.storage.table import make_tensordict
 
 __all__ = ["RemoteBuffer", "Shard", "Writer", "GENERATION_KEY", "to_numpy"]
 
@@ -272,24 +275,44 @@ class RemoteBuffer:
             if isinstance(exc.cause, ReplayBufferError):
                 raise exc.cause from None
             raise
-        masses = torch.tensor([mass for mass, _ in got], dtype=torch.float64)
-        if not masses.sum() > 0:
-            raise EmptyBufferError("no shard holds a row to sample")
-        if len(got) == 1:
-            counts = [batch_size]
+        refused = next((draw for draw in got if isinstance(draw, ReplayBufferError)), None)
+        if refused is not None:  # the limiter's refusal, handed back by the shards
+            raise refused
+        return self.assemble(batch_size, got)
+
+    def assemble(self, batch_size: int, got: list[bytes]) -> TensorDict:
+        """One batch of ``batch_size`` rows from each shard's packed draw (see the module docs)."""
+        if len(got) == 1:  # the whole draw: views of one writable copy of its bytes
+            mass, _, out = unpack(got[0])
+            if not mass > 0:
+                raise EmptyBufferError("no shard holds a row to sample")
         else:
-            picks = torch.multinomial(masses, batch_size, replacement=True, generator=self.generator)
-            counts = torch.bincount(picks, minlength=len(self.shards)).tolist()
-        which = [i for i, c in enumerate(counts) if c]
-        parts = [{key: value[: counts[i]] for key, value in got[i][1].items()} for i in which]
-        out = {key: torch.from_numpy(np.concatenate([p[key] for p in parts])) for key in parts[0]}
-        if which != [0]:
-            offsets = [np.full(counts[i], i * self.capacity, dtype=np.int64) for i in which]
-            out[INDEX_KEY] = out[INDEX_KEY] + torch.from_numpy(np.concatenate(offsets))
-        raw = out.pop(RAW_WEIGHT, None)
-        if raw is not None and self.beta is not None:  # weights over the whole batch, as one buffer's
-            out[WEIGHT_KEY] = (raw / raw.min()).pow(-self.beta).to(torch.float32)
-        return TensorDict(out, batch_size=[batch_size]).unflatten_keys(".")
+            draws = [unpack(packed, copy=False) for packed in got]
+            masses = [mass for mass, _, _ in draws]
+            if not sum(masses) > 0:
+                raise EmptyBufferError("no shard holds a row to sample")
+            weights = torch.tensor(masses, dtype=torch.float64)
+            picks = torch.multinomial(weights, batch_size, replacement=True, generator=self.generator)
+            counts = np.bincount(picks.numpy(), minlength=len(got))
+            which = np.flatnonzero(counts)
+            kept = counts[which]
+            # the first counts[i] rows of each shard's draw; np.concatenate copies them out of the bytes
+            parts = [draws[i][2] for i in which]
+            out = {key: np.concatenate([p[key][:c] for c, p in zip(kept, parts, strict=True)]) for key in parts[0]}
+            out[INDEX_KEY] += np.repeat(which.astype(np.int64) * self.capacity, kept)
+        values: dict[Key, torch.Tensor] = {}
+        nested = False
+        for key, value in out.items():
+            if key == RAW_WEIGHT:
+                if self.beta is not None:  # weights over the whole batch, as one buffer's
+                    raw = torch.from_numpy(value)
+                    values[WEIGHT_KEY] = (raw / raw.min()).pow(-self.beta).to(torch.float32)
+            elif "." in key:  # a nested key, flattened for the trip
+                values[tuple(key.split("."))] = torch.from_numpy(value)
+                nested = True
+            else:
+                values[key] = torch.from_numpy(value)
+        return make_tensordict(values, torch.Size([batch_size]), None, nested)
 
     def sample_batch(self, batch_size: int, *, timeout: float | None = None) -> TensorDict:
         """``batch_size`` rows over all shards with one big buffer's probabilities (see the module docs).
@@ -389,12 +412,43 @@ def _rebuild(shards: list[Any], capacity: int, beta: float | None, settings: dic
     return RemoteBuffer(shards, capacity, beta, **settings)
 
 
+class _Columns:
+    """One batch being filled: preallocated NumPy columns of ``batch_size`` rows and the library's compiled
+    per-schema row writer over them (:func:`~objectrl_buffer.storage.row_writer.compile_row_writer`, the
+    single-process ``add``'s fast path): one call checks a plain row's keys, dtypes and shapes and stores it,
+    or declines (nothing written)."""
+
+    def __init__(self, schema: Schema, batch_size: int) -> None:
+        self.columns: dict[str, np.ndarray] = {
+            str(field.key): np.empty((batch_size, *field.shape), dtype=torch.empty(0, dtype=field.dtype).numpy().dtype)
+            for field in schema.fields
+        }
+        views = {field.key: self.columns[str(field.key)] for field in schema.fields}
+        self.write_row = FastWriter(schema, views).write_row
+
+
+def _declined(data: Any, slot: int, cast_ok: Any = ()) -> bool:
+    """The row writer before the first row: declines every row (the first row fixes the schema)."""
+    return False
+
+
 class Writer:
     """Batches single ``add`` s client-side into ``add_batch`` calls of ``batch_size`` rows (or whatever is
     pending after ``flush_every_s``), with at most ``max_in_flight`` batches unacknowledged; a batch that
-    meets a restarting shard is sent again under its ``(writer_id, seq)`` (stored once). Rows are copied into
-    preallocated NumPy columns (the first row fixes keys, shapes and dtypes). Use as a context manager or
-    call :meth:`flush`."""
+    meets a restarting shard is sent again under its ``(writer_id, seq)`` (stored once). Use as a context
+    manager or call :meth:`flush`.
+
+    The first row fixes the schema (keys, per-row shapes and dtypes, as a buffer's first ``add`` does: a
+    Python float is stored as ``torch.get_default_dtype()``); rows are copied into preallocated NumPy columns
+    by the library's compiled row writer (~0.3 us a key for the plain form an env loop hands over: NumPy
+    arrays, Python numbers, CPU tensors). Anything else is checked by the schema's full rules, cast and
+    stored, or refused with a :class:`~objectrl_buffer.errors.SchemaError` naming the key. The columns of a
+    batch on its way are kept until the shard acknowledges it (a retry sends them again), then reused: at
+    most ``max_in_flight + 1`` sets exist.
+
+    ``flush_every_s`` is checked at each ``add`` (a writer that stops adding sends its pending rows at
+    :meth:`flush` or on leaving its ``with`` block).
+    """
 
     def __init__(self, remote: RemoteBuffer, batch_size: int, flush_every_s: float, max_in_flight: int) -> None:
         self.remote = remote
@@ -402,65 +456,89 @@ class Writer:
         self.flush_every_s = real_in(flush_every_s, "flush_every_s", 0.0, float("inf"))
         self.max_in_flight = positive_int(max_in_flight, "max_in_flight")
         self.writer_id = uuid.uuid4().hex
-        self.columns: dict[str, np.ndarray] = {}
-        self.keys: set[str] = set()
+        self.schema: Schema | None = None
+        self.keys: frozenset[str] = frozenset()
+        self.batch: _Columns | None = None  # the set being filled
+        self.spare: list[_Columns] = []  # sets whose batches were acknowledged
+        self.write_row: Callable[..., bool] = _declined  # the filled set's row writer
         self.filled = 0
         self.seq = 0
-        #: ``(ref, shard, seq, batch, admission)`` of each batch not yet acknowledged, oldest first.
-        self.in_flight: deque[tuple[Any, int, int, dict[str, np.ndarray], Any]] = deque()
-        self.since = time.monotonic()
+        #: ``(ref, shard, seq, batch, admission, column set or None)`` of each batch not yet acknowledged.
+        self.in_flight: deque[tuple[Any, int, int, dict[str, np.ndarray], Any, _Columns | None]] = deque()
+        self.deadline = time.monotonic() + self.flush_every_s
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """The columns being filled (``{}`` before the first row)."""
+        return {} if self.batch is None else self.batch.columns
 
     def add(self, transition: TensorDictBase | Mapping[str, Any]) -> None:
         """Queue one transition (sent with the next batch).
 
         Raises:
-            InvalidArgumentError: its keys differ from the first row's (nothing queued).
+            InvalidArgumentError: its keys differ from the first row's. SchemaError: a value does not fit the
+            first row's schema (named). Nothing is queued then.
         """
-        row = to_numpy(transition) if isinstance(transition, TensorDictBase) else transition
-        if not self.columns:
-            for key, value in to_numpy(row).items():
-                value = np.asarray(value)
-                self.columns[key] = np.empty((self.batch_size, *value.shape), dtype=value.dtype)
-            self.keys = set(self.columns)
-        if row.keys() != self.keys:
+        i = self.filled
+        if not self.write_row(transition, i):
+            self._add_checked(transition, i)
+        self.filled = i + 1
+        if self.filled >= self.batch_size or time.monotonic() >= self.deadline:
+            self._send()
+
+    def _add_checked(self, transition: TensorDictBase | Mapping[str, Any], i: int) -> None:
+        """The rows the compiled writer declined: the schema's full check, then the copy (or the error)."""
+        row = flat(transition)  # tensors kept: a 0-d float64 tensor fixes a float64 column, as in a buffer
+        if self.schema is None:
+            self.schema, _ = Schema.infer(row, batch_dims=0)
+            self.keys = frozenset(str(field.key) for field in self.schema.fields)
+            self.batch = _Columns(self.schema, self.batch_size)
+            self.write_row = self.batch.write_row
+        if row.keys() - {INDEX_KEY} != self.keys:
             raise InvalidArgumentError(
                 f"writer.add: keys {sorted(row)} differ from the first row's {sorted(self.keys)}"
             )
-        i = self.filled
-        for key, column in self.columns.items():
-            value = row[key]
+        pairs, _ = self.schema.check(row, batch_dims=0)
+        assert self.batch is not None
+        for field, value in pairs:  # checked and converted: the copy cannot fail halfway
+            column = self.batch.columns[str(field.key)]
             column[i] = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
-        self.filled = i + 1
-        if self.filled >= self.batch_size or time.monotonic() - self.since >= self.flush_every_s:
-            self._send()
 
     def add_batch(self, batch: TensorDictBase | Mapping[str, Any]) -> None:
         """Send a whole batch (after the single adds queued before it) without waiting for it to be stored:
         at most ``max_in_flight`` batches are on their way."""
         self._send()
-        self._dispatch(to_numpy(batch))
+        self._dispatch(to_numpy(batch), None)
 
     def _send(self) -> None:
-        self.since = time.monotonic()
-        if not self.filled:
+        self.deadline = time.monotonic() + self.flush_every_s
+        if not self.filled or self.batch is None or self.schema is None:
             return
-        batch = {key: column[: self.filled] for key, column in self.columns.items()}
-        self.columns = {key: np.empty_like(column) for key, column in self.columns.items()}
+        full, n = self.batch, self.filled
+        self.batch = self.spare.pop() if self.spare else _Columns(self.schema, self.batch_size)
+        self.write_row = self.batch.write_row
         self.filled = 0
-        self._dispatch(batch)
+        self._dispatch({key: column[:n] for key, column in full.columns.items()}, full)
 
-    def _dispatch(self, batch: dict[str, Any]) -> None:
+    def _dispatch(self, batch: dict[str, Any], columns: _Columns | None) -> None:
         while len(self.in_flight) >= self.max_in_flight:
             self._settle()  # bounded: no refs pile up
         remote = self.remote
         shard = remote.next_shard()
-        entry = (None, shard, self.seq, batch, remote.admission(shard, batch_rows(batch, remote.num_envs), None))
+        admitted = remote.admission(shard, batch_rows(batch, remote.num_envs), None)
+        entry = (None, shard, self.seq, batch, admitted, columns)
         self.in_flight.append((self._submit(entry), *entry[1:]))
         self.seq += 1
 
-    def _submit(self, entry: tuple[Any, int, int, dict[str, np.ndarray], Any]) -> Any:
-        _, shard, seq, batch, admitted = entry
+    def _submit(self, entry: tuple[Any, int, int, dict[str, np.ndarray], Any, _Columns | None]) -> Any:
+        _, shard, seq, batch, admitted, _ = entry
         return self.remote.shards[shard].add_batch.remote(batch, self.writer_id, seq, admitted)
+
+    def _done(self) -> None:
+        """The oldest batch is acknowledged (or refused): its columns may be filled again."""
+        columns = self.in_flight.popleft()[5]
+        if columns is not None:
+            self.spare.append(columns)
 
     def _settle(self) -> None:
         """Wait for the oldest batch. If its shard died, wait out the restart and send it and every later
@@ -477,13 +555,15 @@ class Writer:
             self.in_flight.clear()
             self.remote.retry("writer batch", lambda: self._submit(old[0]))
             self.in_flight.extend((self._submit(entry), *entry[1:]) for entry in old[1:])
+            if old[0][5] is not None:
+                self.spare.append(old[0][5])
             return
         except ray.exceptions.RayTaskError as exc:
-            self.in_flight.popleft()
+            self._done()
             if isinstance(exc.cause, ReplayBufferError):
                 raise exc.cause from None
             raise
-        self.in_flight.popleft()
+        self._done()
 
     def flush(self) -> None:
         """Send what is pending and wait until every batch is stored."""

@@ -17,7 +17,9 @@ is stored again and no longer counted lost.
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,23 +31,86 @@ from objectrl_buffer.checkpoint.extras import Arrays, Values
 from objectrl_buffer.checkpoint.manifest import ExtraValue
 from objectrl_buffer.core.keys import GENERATION_KEY, INDEX_KEY
 from objectrl_buffer.distributed.cut import journal_path, read_manifest, shard_path
-from objectrl_buffer.errors import CheckpointError
+from objectrl_buffer.errors import CheckpointError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
+from objectrl_buffer.storage.torchrl_compat import plain_items
 
-__all__ = ["Shard", "ShardState", "GENERATION_KEY", "RAW_WEIGHT", "to_numpy"]
+__all__ = ["Shard", "ShardState", "GENERATION_KEY", "RAW_WEIGHT", "flat", "pack", "to_numpy", "unpack"]
 
 #: ``(p + eps) ** alpha`` of each drawn row of a prioritized shard (the handle turns it into weights).
 RAW_WEIGHT = "_raw_weight"
 
 
+def flat(data: TensorDictBase | Mapping[str, Any]) -> dict[str, Any]:
+    """A write as a flat ``{key: value}`` dict (nested TensorDict keys joined by ``"."``; values as they are)."""
+    if not isinstance(data, TensorDictBase):
+        return dict(data)
+    items = data.items(include_nested=True, leaves_only=True)
+    return {".".join(key) if isinstance(key, tuple) else key: value for key, value in items}
+
+
 def to_numpy(data: TensorDictBase | Mapping[str, Any]) -> dict[str, Any]:
     """A write as flat ``{key: NumPy array or number}`` (nested keys joined by ``"."``)."""
-    items = data.items(include_nested=True, leaves_only=True) if isinstance(data, TensorDictBase) else data.items()
-    out = {}
-    for key, value in items:
-        name = ".".join(key) if isinstance(key, tuple) else key
-        out[name] = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
-    return out
+    return {
+        key: value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+        for key, value in flat(data).items()
+    }
+
+
+#: ``mass`` (float64), ``rows`` (int64) and the header's length (uint32) at the start of a packed draw.
+_PREFIX = struct.Struct("<dqI")
+_HEADERS: dict[tuple[tuple[str, np.dtype, tuple[int, ...]], ...], bytes] = {}  # layout -> its JSON header
+_LAYOUTS: dict[bytes, list[tuple[str, np.dtype, tuple[int, ...], int]]] = {}  # JSON header -> layout
+
+
+def _cached(cache: dict[Any, Any], key: Any, make: Any) -> Any:
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= 64:  # a handful of layouts in a run; bounded all the same
+            cache.clear()
+        value = cache[key] = make()
+    return value
+
+
+def pack(mass: float, columns: Mapping[str, np.ndarray]) -> bytes:
+    """A shard's draw as one ``bytes`` object: its ``mass`` and ``[n, ...]`` NumPy columns (``n`` rows each).
+
+    Why one ``bytes``: Ray returns it for ~0.05 ms more than an empty call here, a dict of seven 256-row
+    NumPy arrays for ~0.35 ms more (each array is one more out-of-band pickle buffer, each nesting level
+    one more pass of Ray's serializer). The layout travels as a small JSON header (never unpickled).
+    """
+    layout = tuple((key, value.dtype, value.shape[1:]) for key, value in columns.items())
+    header = _cached(_HEADERS, layout, lambda: json.dumps([[k, d.str, list(shape)] for k, d, shape in layout]).encode())
+    rows = len(next(iter(columns.values()))) if columns else 0
+    data = [np.ascontiguousarray(value).data for value in columns.values()]
+    return b"".join([_PREFIX.pack(mass, rows, len(header)), header, *data])
+
+
+def unpack(packed: bytes, copy: bool = True) -> tuple[float, int, dict[str, np.ndarray]]:
+    """``(mass, rows, columns)`` of a :func:`pack` ed draw: the columns are views of one writable copy of the
+    bytes (``copy=False``: read-only views of the bytes themselves, for a caller that copies them anyway).
+
+    Raises:
+        ValueError: the bytes do not hold what their header says.
+    """
+    mass, rows, size = _PREFIX.unpack_from(packed)
+    start = _PREFIX.size + size
+    header = packed[_PREFIX.size : start]
+
+    def parse() -> list[tuple[str, np.dtype, tuple[int, ...], int]]:
+        return [(k, np.dtype(d), tuple(shape), math.prod(shape)) for k, d, shape in json.loads(header)]
+
+    layout = _cached(_LAYOUTS, header, parse)
+    data = memoryview(packed)[start:]
+    size = rows * sum(width * dtype.itemsize for _, dtype, _, width in layout)
+    if size != len(data):
+        raise ValueError(f"a packed draw of {len(data)} bytes for a layout of {size}")
+    buffer = bytearray(data) if copy else data
+    out, offset = {}, 0
+    for key, dtype, shape, width in layout:
+        out[key] = np.frombuffer(buffer, dtype, rows * width, offset).reshape(rows, *shape)
+        offset += rows * width * dtype.itemsize
+    return mass, rows, out
 
 
 def _from_numpy(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,6 +179,7 @@ class Shard:
         self.num_envs = int(self.buffer.num_envs)
         self.state = ShardState(self.capacity)
         self.buffer.checkpoint_extras.append(self.state)
+        self.priorities = _priorities(self.buffer)  # restored in place by load(): found once
         self.index, self.root = index, checkpoint_root
         self.lost = 0  # rows written since the last checkpoint that a restart dropped (and nobody re-sent)
         self.pending_lost: dict[tuple[str, int], int] = {}
@@ -187,25 +253,33 @@ class Shard:
     # ------------------------------------------------------------------ reads
     def stats(self) -> tuple[int, float, int]:
         """``(rows, mass, lost)``: mass is the priority mass of a prioritized buffer, else the row count."""
-        priorities = _priorities(self.buffer)
+        priorities = self.priorities
         size = len(self.buffer)
         mass = float(priorities.index.total()) if priorities is not None and size else float(size)
         return size, mass, self.lost
 
-    def sample(self, k: int, _admitted: Any = None) -> tuple[float, dict[str, np.ndarray] | None]:
-        """``(mass, k rows drawn by the buffer's own rule)``; ``(0.0, None)`` when empty."""
+    def sample(self, k: int, _admitted: Any = None) -> bytes | ReplayBufferError:
+        """The shard's mass and ``k`` rows drawn by the buffer's own rule (with ``"generation"`` and, prioritized,
+        the raw weights), :func:`pack` ed; no rows when it holds none. ``_admitted``: the limiter's answer (a Ray
+        dependency); a refusal is returned as it is, nothing drawn (see ``Coordinator.admit_sample``)."""
+        if isinstance(_admitted, ReplayBufferError):
+            return _admitted
         _, mass, _ = self.stats()
         if not mass > 0:
-            return 0.0, None
+            return pack(0.0, {})
         batch = self.buffer.sample_batch(k)
-        out = to_numpy(batch)
-        slots = batch[INDEX_KEY]
-        out[GENERATION_KEY] = self.state.generation[slots.numpy()]
-        priorities = _priorities(self.buffer)
+        items = plain_items(batch, 1)  # the TensorDict's own dict: ~20 us less than its items() walk
+        if items is not None and all(type(value) is torch.Tensor for value in items.values()):
+            out = {key: value.numpy() for key, value in items.items()}
+        else:  # nested keys, or several envs a row
+            out = to_numpy(batch)
+        slots = out[INDEX_KEY]
+        out[GENERATION_KEY] = self.state.generation.take(slots)
+        priorities = self.priorities
         if priorities is not None:
-            raw = (priorities.priority.index_select(0, slots) + priorities.eps).pow(priorities.alpha)
+            raw = (priorities.priority.index_select(0, batch[INDEX_KEY]) + priorities.eps).pow(priorities.alpha)
             out[RAW_WEIGHT] = raw.numpy()
-        return mass, out
+        return pack(mass, out)
 
     def update_priority(self, slots: np.ndarray, priority: np.ndarray, generation: np.ndarray | None) -> int:
         """Set priorities at local ``slots``, skipping those rewritten since ``generation``; how many applied."""

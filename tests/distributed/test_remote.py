@@ -5,13 +5,16 @@ one rate limiter for all shards, checkpoint cuts, shard restarts with exactly-on
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.distributed.remote import GENERATION_KEY, RemoteBuffer
@@ -21,9 +24,10 @@ from objectrl_buffer.errors import (
     InvalidArgumentError,
     RateLimitDeadlock,
     RateLimitTimeout,
+    SchemaError,
 )
 from objectrl_buffer.flow import MinSize, Queue
-from tests.support import rows
+from tests.support import one_row, rows
 
 ray = pytest.importorskip("ray")
 
@@ -55,6 +59,29 @@ def test_sharded_sampling_matches_one_buffer(local_ray: None, tmp_path: Any) -> 
     assert set(batch.keys()) >= {"state", "index", GENERATION_KEY}
     assert bool(((batch["index"] < 300) | ((batch["index"] >= 1000) & (batch["index"] < 1100))).all())
     remote.kill()
+
+
+def test_sampled_rows_are_the_stored_rows(local_ray: None, tmp_path: Any) -> None:
+    """Every sampled row holds the values of the row at its global index, nested keys included, whichever
+    shard it came from (one shard's draw and a split over two)."""
+    for shards in (1, 2):
+        remote = launch(ReplayBuffer, 100, shards, tmp_path / str(shards))
+        for first in (0, 40):
+            data = rows(first, 40)
+            nested = TensorDict({"obs": {"pixels": data["frame"]}, "step": data["step"]}, [40])
+            remote.add_batch(nested.update({k: v for k, v in data.items() if k not in ("frame", "step")}))
+        batch = remote.sample_batch(300)
+        assert batch.batch_size == torch.Size([300])
+        stored = {i: part for i, part in enumerate(remote.call("sample_all"))}
+        for key in [("obs", "pixels"), "state", "reward", "terminated", "value"]:
+            stored_key = ".".join(key) if isinstance(key, tuple) else key  # flattened for the trip
+            for shard, part in stored.items():
+                mine = (batch["index"] // 100) == shard
+                want = part[stored_key][batch["index"][mine] % 100]
+                assert torch.equal(batch[key][mine], want), (key, shard)
+                assert batch[key].dtype == part[stored_key].dtype
+        assert set(((batch["step"] - 4) // 1000).tolist()) <= set(range(80))
+        remote.kill()
 
 
 def test_priorities_across_shards(local_ray: None, tmp_path: Any) -> None:
@@ -136,6 +163,49 @@ def test_writer_prefetch_and_a_handle_in_a_task(local_ray: None, tmp_path: Any) 
     remote.kill()
 
 
+def row_forms(i: int) -> Any:
+    """Transition ``i`` in one of the forms an env loop hands a writer (cycling by ``i``)."""
+    row = one_row(i)  # tensors and Python numbers, as ObjectRL's agent builds it
+    form = i % 5
+    if form == 1:  # NumPy arrays and NumPy scalars (float64 ones too, cast as a buffer's add casts them)
+        row = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in row.items()}
+        row["reward"], row["step"] = np.float64(row["reward"]), np.int64(row["step"])
+    elif form == 2:  # a TensorDict
+        row = TensorDict({k: torch.as_tensor(v) for k, v in row.items()}, [])
+    elif form == 3:  # 0-d tensors for the numbers
+        row = {k: torch.as_tensor(v) for k, v in row.items()}
+    elif form == 4:  # Python ints for a float column
+        row["reward"] = int(row["reward"])
+    return row
+
+
+def test_writer_stores_what_a_buffer_add_stores_and_refuses_what_it_refuses(local_ray: None, tmp_path: Any) -> None:
+    """Single adds through a writer reach the shard as a local buffer's ``add`` of the same rows stores them
+    (dtypes fixed by the first row, casts by the buffer's rules); a row that does not fit raises the buffer's
+    error naming the key and queues nothing; column sets reused across many batches in flight keep every row."""
+    remote = launch(ReplayBuffer, 1000, 1, tmp_path / "r")
+    local = ReplayBuffer("cpu", "cpu", 1000, seed=0, storage_dir=str(tmp_path / "l"))
+    with remote.writer(batch_size=4, flush_every_s=100, max_in_flight=2) as writer:
+        for i in range(50):
+            if i == 7:
+                bad = one_row(i)
+                with pytest.raises(SchemaError, match="state"):
+                    writer.add({**bad, "state": bad["state"][:3]})  # a per-row shape the first row did not have
+                with pytest.raises(SchemaError, match="step"):
+                    writer.add({**bad, "step": 0.5})  # a float into the int64 column
+                with pytest.raises(InvalidArgumentError, match="keys"):
+                    writer.add({k: v for k, v in bad.items() if k != "value"})
+            writer.add(row_forms(i))
+            local.add(row_forms(i))
+    got, want = remote.call("sample_all")[0], local.sample_all()
+    assert set(got.keys()) == set(want.keys())
+    for key in sorted(want.keys()):
+        assert got[key].dtype == want[key].dtype, key
+        assert torch.equal(got[key], want[key]), key
+    local.close()
+    remote.kill()
+
+
 def shard_steps(remote: RemoteBuffer) -> list[int]:
     """The transition ids the shards hold (``rows``'s ``step`` // 1000), sorted."""
     return sorted(int(s) // 1000 for part in remote.call("sample_all") for s in part["step"].reshape(-1).tolist())
@@ -158,6 +228,34 @@ def test_one_rate_limiter_for_all_shards(local_ray: None, tmp_path: Any) -> None
     stream = remote.prefetch(2, depth=2, timeout=1)
     assert next(stream).batch_size == torch.Size([2])
     stream.close()
+    remote.kill()
+
+
+def test_a_refused_prefetch_leaves_no_error_in_ray(local_ray: None, tmp_path: Any) -> None:
+    """Draws in flight when a prefetch ends on a refusal (its ``timeout``) come back as values, not as errors
+    Ray would log as unhandled once their refs are dropped; nothing is counted."""
+    remote = launch(ReplayBuffer, 100, 2, tmp_path, rate_limiter=MinSize(1000))  # admits no sample here
+    remote.add_batch(rows(0, 4))
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("ray._private.worker")
+    logger.addHandler(handler)
+    try:
+        stream = remote.prefetch(2, depth=3, timeout=0.1)
+        with pytest.raises(RateLimitTimeout):
+            next(stream)
+        del stream
+        gc.collect()
+        time.sleep(1.0)  # the other draws time out meanwhile and their refs are gone
+        with pytest.raises(RateLimitTimeout):
+            remote.sample_batch(2, timeout=0.1)
+        gc.collect()
+        time.sleep(0.5)
+    finally:
+        logger.removeHandler(handler)
+    assert [m for m in seen if "Unhandled error" in m] == []
+    assert remote.limiter_counters()["samples"] == 0
     remote.kill()
 
 
