@@ -276,7 +276,8 @@ def test_checkpoint_restart_and_exactly_once_writes(local_ray: None, tmp_path: A
     remote.add_batch(rows(400, 5))  # meets the dead shard: retried until Ray restarted it
     writer.flush()
     for _ in range(2):  # the write retried after the restart, twice: stored once, no longer lost
-        ray.get(shard.add_batch.remote(unacked, "w", 1))
+        # through the handle's retry, as a writer resends: Ray may still answer "restarted" for a moment
+        remote.retry("resend", lambda: shard.add_batch.remote(unacked, "w", 1))
     steps = shard_steps(remote)
     assert len(steps) == len(set(steps)) == len(remote)  # nothing stored twice
     from_writer = [s for s in steps if 300 <= s < 330]
