@@ -248,7 +248,8 @@ def many_writer_results(rounds: int, mujoco_rows: int, atari_rows: int, method: 
             put(f"{kind}: CPU us per add(), shared", cpu_per_add(shared.add, pool))
             # reserved, never written: those slots read as unfinished (skipped by samples) until rewritten
             reserve_us = cpu_per_add(lambda _, s=slots: s.reserve(1), pool)
-            put(f"{kind}: CPU us per reserve(1) alone (the flock pair)", reserve_us)
+            how = "the flock pair" if slots.counter is None else "one atomic fetch-add"
+            put(f"{kind}: CPU us per reserve(1) alone ({how})", reserve_us)
         plain.close()
         shared.close()
     return dict(out)
