@@ -3,10 +3,16 @@
 :func:`share` turns a CPU buffer's schema and rows into a :class:`SharedBuffer`; the handle goes to
 ``multiprocessing`` children (``spawn``, ``fork``, ``forkserver``) and ``torch.multiprocessing`` workers as a
 plain argument: every pickle of a handle attaches to the same files (it is a handle, not a copy). Slots are
-reserved through :class:`~objectrl_buffer.core.shared_counter.SharedSlots` (a 64-bit counter under a
-kernel-released lock, held only for the increment); samplers read only committed rows (per-slot
-generations), so no row is ever seen half-written and a writer killed mid-write blocks nobody: its slots
-are skipped until rewritten.
+reserved through :class:`~objectrl_buffer.core.shared_counter.SharedSlots` (a 64-bit counter bumped by one
+atomic fetch-add, or under a kernel-released lock where atomics are missing); samplers read only committed
+rows (per-slot generations), so no row is ever seen half-written and a writer killed mid-write blocks
+nobody: its slots are skipped until rewritten.
+
+Rows of a page or more (Atari frames): a process's first store into each page of the shared files takes a
+page fault (a fresh process, or a fork child: the kernel does not copy the page tables of shared mappings),
+~14 a 56 KB row, which made a cold writer's first pass ~3x slower than a warm one. Each process maps the
+slots it writes ``_MAP_CHUNK_BYTES`` of rows at a time instead, with one ``MADV_POPULATE_WRITE`` per column
+(:func:`~objectrl_buffer.storage.prefault.populate_write`), the first time it writes into them.
 
 Rows in flight must be fewer than ``capacity`` (two writers may not hold the same slot at once).
 """
@@ -33,6 +39,7 @@ from objectrl_buffer.core.shared_counter import SharedSlots
 from objectrl_buffer.core.validate import positive_int
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError
 from objectrl_buffer.storage.fast_write import FastWriter
+from objectrl_buffer.storage.prefault import populate_write
 from objectrl_buffer.storage.table import make_tensordict
 
 __all__ = ["SharedBuffer", "share"]
@@ -40,6 +47,10 @@ __all__ = ["SharedBuffer", "share"]
 _LAYOUT = "layout.json"
 _SLOTS = "slots.bin"
 _MAX_TRIES = 64  # redraws of rows that were being written when read
+_MAP_CHUNK_BYTES = 2 << 20  # rows mapped at once by a writer (rows of a page or more: see the module docs)
+_PAGE = 4096
+#: Every live SharedBuffer of this process: a fork child forgets which chunks its parent had mapped.
+_LIVE: weakref.WeakSet[SharedBuffer] = weakref.WeakSet()
 
 
 def batch_rows(batch: Any) -> int:
@@ -103,6 +114,11 @@ class SharedBuffer:
         # plain inputs are checked and stored through NumPy views (as a buffer's own add): ~0.3 us a key
         self.fast = FastWriter.build(self.schema, self.columns)
         self._gens = self.slots.words  # [0]: the counter, [1 + s]: slot s's generation
+        row_bytes = sum(f.shape.numel() * f.dtype.itemsize for f in self.schema.fields)
+        #: rows mapped at once by this process's writes (0: rows under a page, whose faults cost little)
+        self.chunk_rows = max(1, _MAP_CHUNK_BYTES // row_bytes) if row_bytes >= _PAGE else 0
+        self.mapped_chunks = bytearray(-(-self.capacity // self.chunk_rows) if self.chunk_rows else 0)
+        _LIVE.add(self)
 
     @classmethod
     def create(
@@ -197,6 +213,9 @@ class SharedBuffer:
         if fast is not None:  # the per-step path: reserve, mark, write through NumPy, publish
             seq = self.slots.reserve(1)
             word = 1 + seq % self.capacity
+            chunk_rows = self.chunk_rows
+            if chunk_rows and not self.mapped_chunks[(word - 1) // chunk_rows]:
+                self.map_slots(word - 1, word)
             gens = self._gens
             before = gens[word]
             gens[word] = 0
@@ -223,6 +242,10 @@ class SharedBuffer:
             seq = self.slots.reserve(n)
             first = seq % self.capacity
             ring = Ring(self.capacity, self.capacity, first)
+            if self.chunk_rows:
+                self.map_slots(first, min(first + n, self.capacity))
+                if first + n > self.capacity:
+                    self.map_slots(0, min(first + n - self.capacity, first))
             if n <= self.capacity - first:  # one run of slots (an env step, most batches): NumPy slice stores
                 run = self._gens[1 + first : 1 + first + n]  # of the generations, ~0.3 us each (torch's: 2-5 us)
                 before = run.copy()
@@ -247,6 +270,17 @@ class SharedBuffer:
         if n:
             return self._write([(f, torch.as_tensor(v, dtype=f.dtype)) for f, v in pairs], n), n
         return self.slots.reserved, 0
+
+    def map_slots(self, lo: int, hi: int) -> None:
+        """Map, writable, the chunks of slots ``lo .. hi-1`` this process has not mapped yet (see the module
+        docs); nothing where the system cannot (the stores then fault page by page)."""
+        chunk_rows, mapped = self.chunk_rows, self.mapped_chunks
+        for chunk in range(lo // chunk_rows, (hi - 1) // chunk_rows + 1):
+            if not mapped[chunk]:
+                start, end = chunk * chunk_rows, min((chunk + 1) * chunk_rows, self.capacity)
+                for column in self.columns.values():
+                    populate_write(column[start:end].reshape(-1).view(torch.uint8))
+                mapped[chunk] = 1
 
     def _placed(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         keep = min(n, self.capacity)
@@ -365,3 +399,12 @@ def share(buffer: Any, *, seed: int | None = None) -> SharedBuffer:
         rows = buffer.sample_all()
         shared.add_batch(rows.exclude(INDEX_KEY))
     return shared
+
+
+def _forget_mappings() -> None:
+    """In a fork child: the parent's page tables of shared mappings are not copied, so nothing is mapped yet."""
+    for shared in list(_LIVE):
+        shared.mapped_chunks[:] = bytes(len(shared.mapped_chunks))
+
+
+os.register_at_fork(after_in_child=_forget_mappings)

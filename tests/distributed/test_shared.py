@@ -197,3 +197,53 @@ def test_share_copies_a_buffers_rows(make_buffer: Any) -> None:
         assert shared.capacity == 16 and shared.committed() == 16
         assert sorted(shared.columns["step"].tolist()) == sorted(rb.sample_all()["step"].tolist())
         assert set(shared.sample_batch(8).keys()) == {*rb.schema.by_key, "index"}
+
+
+def cold_writes(buffer: SharedBuffer, out: Any) -> None:
+    def rows_(n: int) -> dict[str, torch.Tensor]:
+        return {"frame": torch.ones(n, 4, 84, 84, dtype=torch.uint8), "reward": torch.ones(n)}
+
+    seen = [bytes(buffer.mapped_chunks)]
+    for _ in range(100):  # slots 0..99
+        buffer.add({"frame": torch.ones(4, 84, 84, dtype=torch.uint8), "reward": 1.0})
+    seen.append(bytes(buffer.mapped_chunks))
+    buffer.add_batch(rows_(100))  # slots 100..199
+    seen.append(bytes(buffer.mapped_chunks))
+    buffer.add_batch(rows_(300))  # slots 200..499
+    buffer.mapped_chunks[:] = bytes(len(buffer.mapped_chunks))  # as if unmapped again: see what a wrap maps
+    buffer.add_batch(rows_(30))  # slots 500..511, then 0..17
+    seen.append(bytes(buffer.mapped_chunks))
+    out.put(seen)
+
+
+def test_a_fresh_writer_maps_large_rows_a_chunk_at_a_time() -> None:
+    """Rows of a page or more: a fork child maps none of the parent's shared pages at first; each write maps
+    the chunks of slots it lands in (one madvise per column, not a page fault per page: the speed is in
+    benchmarks/distributed_bench.py's cold rows); small rows are left to fault."""
+    from objectrl_buffer.core.schema import Schema
+
+    frame = {"frame": torch.zeros(1, 4, 84, 84, dtype=torch.uint8), "reward": torch.ones(1)}
+    schema, _ = Schema.infer(frame, batch_dims=1)
+    with SharedBuffer.create(schema, 512, seed=0) as buffer:
+        per = buffer.chunk_rows
+        assert per == (2 << 20) // (4 * 84 * 84 + 4) == 74 and len(buffer.mapped_chunks) == 7
+        buffer.add_batch({k: v.expand(512, *v.shape[1:]) for k, v in frame.items()})  # the parent maps all
+        assert set(buffer.mapped_chunks) == {1}
+        ctx = mp.get_context("fork")
+        out = ctx.SimpleQueue()
+        proc = ctx.Process(target=cold_writes, args=(buffer, out))
+        proc.start()
+        proc.join()
+        start, singles, batch, wrapped = (list(b) for b in out.get())
+        assert start == [0] * 7  # the child forgot the parent's mappings (its page tables start empty)
+        assert singles == [1, 1, 0, 0, 0, 0, 0]  # slots 0..99: chunks 0 and 1 (74 rows each)
+        assert batch == [1, 1, 1, 0, 0, 0, 0]  # slots 100..199: chunks 1 and 2
+        assert wrapped == [1, 0, 0, 0, 0, 0, 1]  # slots 500..511 and 0..17: the last chunk and the first
+        assert bool((buffer.columns["frame"] == 1).all()) and buffer.reserved == 512 + 530
+    assert SharedBuffer.create(tagged_schema(), 8, seed=0).chunk_rows == 0  # 121-byte rows: no mapping
+
+
+def tagged_schema() -> Any:
+    from objectrl_buffer.core.schema import Schema
+
+    return Schema.infer(tagged(0, torch.arange(1)), batch_dims=1)[0]
