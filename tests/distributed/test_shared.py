@@ -200,6 +200,10 @@ def test_share_copies_a_buffers_rows(make_buffer: Any) -> None:
 
 
 def cold_writes(buffer: SharedBuffer, out: Any) -> None:
+    # a fork child of a process that ran OpenMP-parallel torch ops hangs in its next parallel op (GNU
+    # OpenMP's pool does not survive fork): stay serial here, as DataLoader workers do
+    torch.set_num_threads(1)
+
     def rows_(n: int) -> dict[str, torch.Tensor]:
         return {"frame": torch.ones(n, 4, 84, 84, dtype=torch.uint8), "reward": torch.ones(n)}
 
