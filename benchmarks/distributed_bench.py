@@ -283,11 +283,12 @@ def _row(i: int) -> dict[str, Any]:
     }
 
 
-def _single_adds(handle: Any, rows: int) -> None:
+def _single_adds(handle: Any, rows: int, same_node: bool | None = None) -> None:
     """``rows`` single adds through ``handle.writer()``, cycling through ``POOL`` prebuilt rows (what an env
-    loop hands over: fresh arrays and Python numbers; building them is the env's cost, not the buffer's)."""
+    loop hands over: fresh arrays and Python numbers; building them is the env's cost, not the buffer's).
+    ``same_node``: the writer's (``None``: batches through shared files to a shard on this node)."""
     pool = [_row(i) for i in range(POOL)]
-    with handle.writer(batch_size=1024, max_in_flight=4) as writer:
+    with handle.writer(batch_size=1024, max_in_flight=4, same_node=same_node) as writer:
         add = writer.add
         for i in range(rows):
             add(pool[i % POOL])
@@ -296,9 +297,9 @@ def _single_adds(handle: Any, rows: int) -> None:
 class WriterActor:
     """A writer process on the node: single adds through ``handle.writer()``."""
 
-    def run(self, handle: Any, rows: int) -> tuple[float, float]:
+    def run(self, handle: Any, rows: int, same_node: bool | None = None) -> tuple[float, float]:
         start = time.time()
-        _single_adds(handle, rows)
+        _single_adds(handle, rows, same_node)
         return start, time.time()
 
 
@@ -348,17 +349,25 @@ def ray_results(rows: int, writers: int, rounds: int) -> dict[str, Any]:
                 "RemoteBuffer writer().add_batch(256) pipelined, driver, rows/s",
                 n_batches * BATCH / (time.perf_counter() - start),
             )
-            start = time.perf_counter()
-            _single_adds(remote, n_batches * BATCH)
-            put("RemoteBuffer writer() single adds, driver, rows/s", n_batches * BATCH / (time.perf_counter() - start))
+            for same_node, how in ((None, "shared files"), (False, "through Ray")):  # back to back
+                start = time.perf_counter()
+                _single_adds(remote, n_batches * BATCH, same_node)
+                put(
+                    f"RemoteBuffer writer() single adds ({how}), driver, rows/s",
+                    n_batches * BATCH / (time.perf_counter() - start),
+                )
             start = time.perf_counter()
             for i in range(PEER_ADDS):  # one blocking actor call per row: a few hundred are enough
                 peer.add(peer_rows[i % POOL])
             put("torchrl RayReplayBuffer add(), driver, rows/s", PEER_ADDS / (time.perf_counter() - start))
             per = rows // 4 // writers
-            spans = ray.get([a.run.remote(remote, per) for a in actors])
-            wall = max(end for _, end in spans) - min(begin for begin, _ in spans)
-            put(f"RemoteBuffer writer() single adds, {writers} writer actors, rows/s (all)", per * writers / wall)
+            for same_node, how in ((None, "shared files"), (False, "through Ray")):
+                spans = ray.get([a.run.remote(remote, per, same_node) for a in actors])
+                wall = max(end for _, end in spans) - min(begin for begin, _ in spans)
+                put(
+                    f"RemoteBuffer writer() single adds ({how}), {writers} writer actors, rows/s (all)",
+                    per * writers / wall,
+                )
             p50, per_s = _latencies(lambda: peer.sample(BATCH), 200)
             put("torchrl RayReplayBuffer sample(256) p50, ms", p50)
             put("torchrl RayReplayBuffer sample(256), samples/s", per_s)
