@@ -349,18 +349,19 @@ def ray_results(rows: int, writers: int, rounds: int) -> dict[str, Any]:
                 "RemoteBuffer writer().add_batch(256) pipelined, driver, rows/s",
                 n_batches * BATCH / (time.perf_counter() - start),
             )
+            single = rows // 2  # enough rows that a writer's start (its files, one node id call) is noise
             for same_node, how in ((None, "shared files"), (False, "through Ray")):  # back to back
                 start = time.perf_counter()
-                _single_adds(remote, n_batches * BATCH, same_node)
+                _single_adds(remote, single, same_node)
                 put(
                     f"RemoteBuffer writer() single adds ({how}), driver, rows/s",
-                    n_batches * BATCH / (time.perf_counter() - start),
+                    single / (time.perf_counter() - start),
                 )
             start = time.perf_counter()
             for i in range(PEER_ADDS):  # one blocking actor call per row: a few hundred are enough
                 peer.add(peer_rows[i % POOL])
             put("torchrl RayReplayBuffer add(), driver, rows/s", PEER_ADDS / (time.perf_counter() - start))
-            per = rows // 4 // writers
+            per = single // writers
             for same_node, how in ((None, "shared files"), (False, "through Ray")):
                 spans = ray.get([a.run.remote(remote, per, same_node) for a in actors])
                 wall = max(end for _, end in spans) - min(begin for begin, _ in spans)

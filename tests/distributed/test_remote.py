@@ -208,6 +208,8 @@ def test_writer_stores_what_a_buffer_add_stores_and_refuses_what_it_refuses(loca
         assert folder is None or not os.path.exists(folder)  # the writer's files are gone with it
         arrived = remote.transports()
         assert arrived[transport] == 13 and arrived["payload"] == 13, (same_node, arrived)  # 50 rows in batches of 4
+    with pytest.raises(InvalidArgumentError, match="same_node"):
+        remote.writer(same_node="yes")  # type: ignore[arg-type]
     got, want = remote.call("sample_all")[0], local.sample_all()
     assert set(got.keys()) == set(want.keys())
     for key in sorted(want.keys()):
