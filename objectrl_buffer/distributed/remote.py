@@ -658,8 +658,17 @@ class Writer:
             except OSError as exc:
                 why = f"no folder in {parent}: {exc}"
             else:
-                self.folder = folder
                 self._finalizer = weakref.finalize(self, _remove_folder, folder, fd)
+                shards = [s for s, local in zip(self.remote.shards, self.local, strict=True) if local]
+                sees = self.remote.retry("sees", lambda: [s.sees.remote(folder) for s in shards])
+                seen = iter(sees)
+                self.local = [local and next(seen) for local in self.local]
+                if any(self.local):
+                    self.folder = folder
+                else:
+                    self._finalizer()
+                    self._finalizer = None
+                    why = f"no shard on this node sees {folder}"
         if why is not None and self.same_node:
             raise InvalidArgumentError(f"writer(same_node=True): {why}")
 

@@ -333,6 +333,11 @@ class Shard:
 
         return str(ray.get_runtime_context().get_node_id())
 
+    def sees(self, folder: str) -> bool:
+        """Whether ``folder`` (a writer's) is visible here: a shard in a container of its own on the writer's
+        node may have a ``/dev/shm`` of its own."""
+        return os.path.isdir(folder)
+
     def transports(self) -> dict[str, int]:
         """Batches stored since this actor started, by how their rows came: ``mapped`` (from a same-node
         writer's files) or ``payload`` (through Ray)."""
