@@ -70,8 +70,16 @@ def main() -> None:
     parser.add_argument("--mujoco-rows", type=int, default=50_000, help="--shared-only: rows per writer, MuJoCo")
     parser.add_argument("--atari-rows", type=int, default=5_000, help="--shared-only: rows per writer, Atari")
     parser.add_argument("--start-method", choices=["fork", "spawn"], default="fork", help="--shared-only")
+    parser.add_argument(
+        "--transport-only",
+        action="store_true",
+        help="only a driver writer's single adds at batch_size 1024 and 4096, shared files vs through Ray",
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {}
+    if args.transport_only:
+        report(transport_results(args.rows, args.rounds))
+        return
     if args.shared_only:
         print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, cores: {os.cpu_count()}")
         results.update(many_writer_results(args.rounds, args.mujoco_rows, args.atari_rows, args.start_method))
@@ -404,6 +412,37 @@ def ray_results(rows: int, writers: int, rounds: int) -> dict[str, Any]:
         for actor in [*actors, probe]:
             ray.kill(actor)
         peer.shutdown()
+    ray.shutdown()
+    return dict(out)
+
+
+def transport_results(rows: int, rounds: int) -> dict[str, Any]:
+    """Single adds from the driver into a one-shard RemoteBuffer: rows/s and the driver's CPU time a row,
+    batches through same-node shared files (``same_node`` automatic) vs through Ray, back to back."""
+    import ray
+
+    from objectrl_buffer.distributed import RemoteBuffer
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    out: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        remote = RemoteBuffer.launch(ReplayBuffer, "cpu", "cpu", rows, seed=0, storage_dir=tmp)
+        _single_adds(remote, 4096)  # warm
+        for _ in range(rounds):
+            for size in (1024, 4096):
+                for same_node, how in ((None, "shared files"), (False, "through Ray")):
+                    pool = [_row(i) for i in range(POOL)]
+                    start, cpu = time.perf_counter(), time.process_time()
+                    with remote.writer(batch_size=size, max_in_flight=4, same_node=same_node) as writer:
+                        add = writer.add
+                        for i in range(rows):
+                            add(pool[i % POOL])
+                    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+                    out.setdefault(f"writer(batch_size={size}) single adds ({how}), rows/s", []).append(rows / wall)
+                    out.setdefault(f"writer(batch_size={size}) ({how}): driver CPU us a row", []).append(
+                        1e6 * cpu / rows
+                    )
+        remote.kill()
     ray.shutdown()
     return dict(out)
 
