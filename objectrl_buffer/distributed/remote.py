@@ -30,6 +30,7 @@ checkpoints are asked for, one :class:`~.coordinator.Coordinator` actor. Payload
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import shutil
@@ -51,6 +52,7 @@ from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.distributed.coordinator import Coordinator
 from objectrl_buffer.distributed.shard import (
     GENERATION_KEY,
+    MISSING,
     RAW_WEIGHT,
     Shard,
     SharedRows,
@@ -718,21 +720,40 @@ class Writer:
         """
         ray = _ray()
         try:
-            ray.get(self.in_flight[0][0])
+            written = ray.get(self.in_flight[0][0])
         except ray.exceptions.RayActorError:
-            old = list(self.in_flight)
-            self.in_flight.clear()
-            self.remote.retry("writer batch", lambda: self._submit(old[0]))
-            self.in_flight.extend((self._submit(entry), *entry[1:]) for entry in old[1:])
-            if old[0][5] is not None:
-                self.spare.append(old[0][5])
+            self._resend()
             return
         except ray.exceptions.RayTaskError as exc:
             self._done()
             if isinstance(exc.cause, ReplayBufferError):
                 raise exc.cause from None
             raise
+        if written == MISSING:  # the shard does not see this writer's files: rows through Ray from now on
+            self.local[self.in_flight[0][1]] = False
+            self._resend()
+            return
         self._done()
+
+    def _resend(self) -> None:
+        """Send every batch in flight again, in order, once the oldest is stored (see :meth:`_settle`)."""
+        old = list(self.in_flight)
+        self.in_flight.clear()
+        while True:
+            old = [self._as_rows(entry) for entry in old]
+            if self.remote.retry("writer batch", functools.partial(self._submit, old[0])) != MISSING:
+                break
+            self.local[old[0][1]] = False  # restarted where the files are not
+        self.in_flight.extend((self._submit(entry), *entry[1:]) for entry in old[1:])
+        if old[0][5] is not None:
+            self.spare.append(old[0][5])
+
+    def _as_rows(self, entry: tuple[Any, int, int, Any, Any, _Columns | None]) -> tuple[Any, ...]:
+        """``entry`` with its rows instead of a descriptor when its shard no longer sees this writer's files."""
+        payload, columns = entry[3], entry[5]
+        if isinstance(payload, SharedRows) and columns is not None and not self.local[entry[1]]:
+            return (*entry[:3], columns.rows(payload.rows), *entry[4:])
+        return entry
 
     def flush(self) -> None:
         """Send what is pending and wait until every batch is stored."""

@@ -46,6 +46,7 @@ __all__ = [
     "ShardState",
     "SharedRows",
     "GENERATION_KEY",
+    "MISSING",
     "RAW_WEIGHT",
     "column_path",
     "flat",
@@ -128,6 +129,11 @@ def unpack(packed: bytes, copy: bool = True) -> tuple[float, int, dict[str, np.n
         out[key] = np.frombuffer(buffer, dtype, rows * width, offset).reshape(rows, *shape)
         offset += rows * width * dtype.itemsize
     return mass, rows, out
+
+
+#: What ``add_batch`` returns for a :class:`SharedRows` batch whose files it cannot see (and for that writer's
+#: later batches, until the refused one comes again): send them again as rows, in order.
+MISSING = -1
 
 
 def column_path(folder: str, index: int, field: int) -> str:
@@ -223,6 +229,7 @@ class Shard:
         #: writer id -> ``(folder, set index)`` -> ``(capacity, layout)`` and its mapped columns
         self.mapped: dict[str, dict[tuple[str, int], tuple[Any, dict[str, np.ndarray]]]] = {}
         self.arrived = {"mapped": 0, "payload": 0}  # batches stored, by how their rows came
+        self.refused: dict[str, int] = {}  # writer -> seq of its batch whose files were not found here
         if checkpoint_root is not None:
             import ray
 
@@ -279,13 +286,25 @@ class Shard:
         self, batch: Mapping[str, Any] | SharedRows, writer: str | None = None, seq: int = 0, _admitted: Any = None
     ) -> int:
         """Store a batch unless ``(writer, seq)`` was applied; rows written (``_admitted``: the limiter's
-        admission, a Ray dependency that runs this call only once the limiter admitted it)."""
+        admission, a Ray dependency that runs this call only once the limiter admitted it), or
+        :data:`MISSING`: a :class:`SharedRows` batch whose files are not here, or a later batch of that writer,
+        nothing stored."""
         if not self._applied(writer, seq):
+            refused = self.refused.get(writer or "")
+            if refused is not None and seq > refused:
+                return MISSING  # stored only after the refused batch: the writer sends both again, in order
             if isinstance(batch, SharedRows):
-                batch = self._map(batch, writer or "")
+                try:
+                    batch = self._map(batch, writer or "")
+                except BufferUnavailable:
+                    if writer is None:
+                        raise
+                    self.refused[writer] = seq
+                    return MISSING
                 self.arrived["mapped"] += 1
             else:
                 self.arrived["payload"] += 1
+            self.refused.pop(writer or "", None)
             pointer = int(self.buffer.pointer)
             self.buffer.add_batch(_from_numpy(batch))
             n = batch_rows(batch, self.num_envs)
@@ -317,8 +336,7 @@ class Shard:
                 }
             except (OSError, ValueError) as exc:
                 raise BufferUnavailable(
-                    f"shard {self.index}: the rows of writer {writer}'s batch are not here ({exc}); "
-                    "send it again with same_node=False"
+                    f"shard {self.index}: the rows of writer {writer}'s batch are not here ({exc})"
                 ) from None
             got = sets[(rows.folder, rows.index)] = (shape, columns)
         return {key: column[: rows.rows] for key, column in got[1].items()}

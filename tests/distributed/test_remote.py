@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -216,6 +217,30 @@ def test_writer_stores_what_a_buffer_add_stores_and_refuses_what_it_refuses(loca
         assert got[key].dtype == want[key].dtype, key
         assert torch.equal(got[key], want[key]), key
     local.close()
+    remote.kill()
+
+
+def test_a_shard_that_cannot_see_the_writers_files_gets_the_rows_through_ray(local_ray: None, tmp_path: Any) -> None:
+    """A shard that finds no files where a same-node writer's descriptor points (restarted on another node,
+    say) refuses that batch and the writer's later ones; the writer sends them again as rows, in order:
+    every row stored once, in the order written."""
+    remote = launch(ReplayBuffer, 1000, 1, tmp_path)
+    data = rows(0, 60)
+    writer = remote.writer(batch_size=10, flush_every_s=100, max_in_flight=4)
+    for i in range(30):
+        writer.add({k: v[i] for k, v in data.items()})
+    writer.flush()
+    assert remote.transports() == {"mapped": 3, "payload": 0}
+    folder = writer.folder
+    assert folder is not None
+    os.rename(folder, folder + "-elsewhere")  # the writer keeps its own mappings; the shard finds nothing
+    ray.get(remote.shards[0].release.remote(writer.writer_id))  # so it maps the files anew, as a restarted one
+    for i in range(30, 60):
+        writer.add({k: v[i] for k, v in data.items()})
+    writer.close()
+    assert shard_steps(remote) == list(range(60))
+    assert remote.transports() == {"mapped": 3, "payload": 3}
+    shutil.rmtree(folder + "-elsewhere")
     remote.kill()
 
 
