@@ -70,8 +70,16 @@ def main() -> None:
     parser.add_argument("--mujoco-rows", type=int, default=50_000, help="--shared-only: rows per writer, MuJoCo")
     parser.add_argument("--atari-rows", type=int, default=5_000, help="--shared-only: rows per writer, Atari")
     parser.add_argument("--start-method", choices=["fork", "spawn"], default="fork", help="--shared-only")
+    parser.add_argument(
+        "--transport-only",
+        action="store_true",
+        help="only a driver writer's single adds at batch_size 1024 and 4096, shared files vs through Ray",
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {}
+    if args.transport_only:
+        report(transport_results(args.rows, args.rounds))
+        return
     if args.shared_only:
         print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, cores: {os.cpu_count()}")
         results.update(many_writer_results(args.rounds, args.mujoco_rows, args.atari_rows, args.start_method))
@@ -283,11 +291,12 @@ def _row(i: int) -> dict[str, Any]:
     }
 
 
-def _single_adds(handle: Any, rows: int) -> None:
+def _single_adds(handle: Any, rows: int, same_node: bool | None = None) -> None:
     """``rows`` single adds through ``handle.writer()``, cycling through ``POOL`` prebuilt rows (what an env
-    loop hands over: fresh arrays and Python numbers; building them is the env's cost, not the buffer's)."""
+    loop hands over: fresh arrays and Python numbers; building them is the env's cost, not the buffer's).
+    ``same_node``: the writer's (``None``: batches through shared files to a shard on this node)."""
     pool = [_row(i) for i in range(POOL)]
-    with handle.writer(batch_size=1024, max_in_flight=4) as writer:
+    with handle.writer(batch_size=1024, max_in_flight=4, same_node=same_node) as writer:
         add = writer.add
         for i in range(rows):
             add(pool[i % POOL])
@@ -296,9 +305,9 @@ def _single_adds(handle: Any, rows: int) -> None:
 class WriterActor:
     """A writer process on the node: single adds through ``handle.writer()``."""
 
-    def run(self, handle: Any, rows: int) -> tuple[float, float]:
+    def run(self, handle: Any, rows: int, same_node: bool | None = None) -> tuple[float, float]:
         start = time.time()
-        _single_adds(handle, rows)
+        _single_adds(handle, rows, same_node)
         return start, time.time()
 
 
@@ -348,17 +357,26 @@ def ray_results(rows: int, writers: int, rounds: int) -> dict[str, Any]:
                 "RemoteBuffer writer().add_batch(256) pipelined, driver, rows/s",
                 n_batches * BATCH / (time.perf_counter() - start),
             )
-            start = time.perf_counter()
-            _single_adds(remote, n_batches * BATCH)
-            put("RemoteBuffer writer() single adds, driver, rows/s", n_batches * BATCH / (time.perf_counter() - start))
+            single = rows // 2  # enough rows that a writer's start (its files, one node id call) is noise
+            for same_node, how in ((None, "shared files"), (False, "through Ray")):  # back to back
+                start = time.perf_counter()
+                _single_adds(remote, single, same_node)
+                put(
+                    f"RemoteBuffer writer() single adds ({how}), driver, rows/s",
+                    single / (time.perf_counter() - start),
+                )
             start = time.perf_counter()
             for i in range(PEER_ADDS):  # one blocking actor call per row: a few hundred are enough
                 peer.add(peer_rows[i % POOL])
             put("torchrl RayReplayBuffer add(), driver, rows/s", PEER_ADDS / (time.perf_counter() - start))
-            per = rows // 4 // writers
-            spans = ray.get([a.run.remote(remote, per) for a in actors])
-            wall = max(end for _, end in spans) - min(begin for begin, _ in spans)
-            put(f"RemoteBuffer writer() single adds, {writers} writer actors, rows/s (all)", per * writers / wall)
+            per = single // writers
+            for same_node, how in ((None, "shared files"), (False, "through Ray")):
+                spans = ray.get([a.run.remote(remote, per, same_node) for a in actors])
+                wall = max(end for _, end in spans) - min(begin for begin, _ in spans)
+                put(
+                    f"RemoteBuffer writer() single adds ({how}), {writers} writer actors, rows/s (all)",
+                    per * writers / wall,
+                )
             p50, per_s = _latencies(lambda: peer.sample(BATCH), 200)
             put("torchrl RayReplayBuffer sample(256) p50, ms", p50)
             put("torchrl RayReplayBuffer sample(256), samples/s", per_s)
@@ -394,6 +412,37 @@ def ray_results(rows: int, writers: int, rounds: int) -> dict[str, Any]:
         for actor in [*actors, probe]:
             ray.kill(actor)
         peer.shutdown()
+    ray.shutdown()
+    return dict(out)
+
+
+def transport_results(rows: int, rounds: int) -> dict[str, Any]:
+    """Single adds from the driver into a one-shard RemoteBuffer: rows/s and the driver's CPU time a row,
+    batches through same-node shared files (``same_node`` automatic) vs through Ray, back to back."""
+    import ray
+
+    from objectrl_buffer.distributed import RemoteBuffer
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    out: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        remote = RemoteBuffer.launch(ReplayBuffer, "cpu", "cpu", rows, seed=0, storage_dir=tmp)
+        _single_adds(remote, 4096)  # warm
+        for _ in range(rounds):
+            for size in (1024, 4096):
+                for same_node, how in ((None, "shared files"), (False, "through Ray")):
+                    pool = [_row(i) for i in range(POOL)]
+                    start, cpu = time.perf_counter(), time.process_time()
+                    with remote.writer(batch_size=size, max_in_flight=4, same_node=same_node) as writer:
+                        add = writer.add
+                        for i in range(rows):
+                            add(pool[i % POOL])
+                    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+                    out.setdefault(f"writer(batch_size={size}) single adds ({how}), rows/s", []).append(rows / wall)
+                    out.setdefault(f"writer(batch_size={size}) ({how}): driver CPU us a row", []).append(
+                        1e6 * cpu / rows
+                    )
+        remote.kill()
     ray.shutdown()
     return dict(out)
 

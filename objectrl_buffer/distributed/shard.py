@@ -8,6 +8,11 @@ A :class:`Shard` holds a buffer plus
   as each writer sends its batches to a shard in order and retries them in order);
 * a journal of its writes since the last committed checkpoint (:mod:`.cut`).
 
+A writer on the shard's own node leaves its batches in files it owns (RAM-backed, see
+:mod:`.remote`) and sends a :class:`SharedRows` descriptor instead of the rows: the shard maps each column
+file once (kept per writer and column set until :meth:`Shard.release` or until the writer's folder is gone)
+and copies the rows straight from the mapping into its storage, under the same ``(writer_id, seq)`` rule.
+
 All three ride in the buffer's full checkpoints as the extra state ``"remote_shard"`` (:class:`ShardState`).
 When Ray restarts a dead shard, the actor is constructed again: it loads the generation the manifest names,
 and counts as lost the rows its journal says it wrote after that checkpoint; a retried write of one of them
@@ -21,6 +26,7 @@ import math
 import os
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,11 +37,23 @@ from objectrl_buffer.checkpoint.extras import Arrays, Values
 from objectrl_buffer.checkpoint.manifest import ExtraValue
 from objectrl_buffer.core.keys import GENERATION_KEY, INDEX_KEY
 from objectrl_buffer.distributed.cut import journal_path, read_manifest, shard_path
-from objectrl_buffer.errors import CheckpointError, ReplayBufferError
+from objectrl_buffer.errors import BufferUnavailable, CheckpointError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.storage.torchrl_compat import plain_items
 
-__all__ = ["Shard", "ShardState", "GENERATION_KEY", "RAW_WEIGHT", "flat", "pack", "to_numpy", "unpack"]
+__all__ = [
+    "Shard",
+    "ShardState",
+    "SharedRows",
+    "GENERATION_KEY",
+    "MISSING",
+    "RAW_WEIGHT",
+    "column_path",
+    "flat",
+    "pack",
+    "to_numpy",
+    "unpack",
+]
 
 #: ``(p + eps) ** alpha`` of each drawn row of a prioritized shard (the handle turns it into weights).
 RAW_WEIGHT = "_raw_weight"
@@ -113,6 +131,29 @@ def unpack(packed: bytes, copy: bool = True) -> tuple[float, int, dict[str, np.n
     return mass, rows, out
 
 
+#: What ``add_batch`` returns for a :class:`SharedRows` batch whose files it cannot see (and for that writer's
+#: later batches, until the refused one comes again): send them again as rows, in order.
+MISSING = -1
+
+
+def column_path(folder: str, index: int, field: int) -> str:
+    """The file of column ``field`` of a same-node writer's column set ``index`` in its ``folder``."""
+    return os.path.join(folder, f"set-{index}-{field}.bin")
+
+
+@dataclass(frozen=True)
+class SharedRows:
+    """A batch a writer on the shard's node left in its files: the first ``rows`` rows of column set ``index``
+    in ``folder``, each column a file of ``capacity`` rows (:func:`column_path`, in ``layout`` order:
+    ``(key, NumPy dtype string, per-row shape)``). A few hundred bytes through Ray whatever the batch."""
+
+    folder: str
+    index: int
+    rows: int
+    capacity: int
+    layout: tuple[tuple[str, str, tuple[int, ...]], ...]
+
+
 def _from_numpy(data: Mapping[str, Any]) -> dict[str, Any]:
     return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in data.items()}
 
@@ -185,6 +226,10 @@ class Shard:
         self.pending_lost: dict[tuple[str, int], int] = {}
         self.saved_written: dict[int, int] = {}  # generation -> rows written when this shard saved it
         self.journal: Any = None
+        #: writer id -> ``(folder, set index)`` -> ``(capacity, layout)`` and its mapped columns
+        self.mapped: dict[str, dict[tuple[str, int], tuple[Any, dict[str, np.ndarray]]]] = {}
+        self.arrived = {"mapped": 0, "payload": 0}  # batches stored, by how their rows came
+        self.refused: dict[str, int] = {}  # writer -> seq of its batch whose files were not found here
         if checkpoint_root is not None:
             import ray
 
@@ -238,17 +283,83 @@ class Shard:
         return self.state.written
 
     def add_batch(
-        self, batch: Mapping[str, Any], writer: str | None = None, seq: int = 0, _admitted: Any = None
+        self, batch: Mapping[str, Any] | SharedRows, writer: str | None = None, seq: int = 0, _admitted: Any = None
     ) -> int:
         """Store a batch unless ``(writer, seq)`` was applied; rows written (``_admitted``: the limiter's
-        admission, a Ray dependency that runs this call only once the limiter admitted it)."""
+        admission, a Ray dependency that runs this call only once the limiter admitted it), or
+        :data:`MISSING`: a :class:`SharedRows` batch whose files are not here, or a later batch of that writer,
+        nothing stored."""
         if not self._applied(writer, seq):
+            refused = self.refused.get(writer or "")
+            if refused is not None and seq > refused:
+                return MISSING  # stored only after the refused batch: the writer sends both again, in order
+            if isinstance(batch, SharedRows):
+                try:
+                    batch = self._map(batch, writer or "")
+                except BufferUnavailable:
+                    if writer is None:
+                        raise
+                    self.refused[writer] = seq
+                    return MISSING
+                self.arrived["mapped"] += 1
+            else:
+                self.arrived["payload"] += 1
+            self.refused.pop(writer or "", None)
             pointer = int(self.buffer.pointer)
             self.buffer.add_batch(_from_numpy(batch))
             n = batch_rows(batch, self.num_envs)
             self._wrote(pointer, n)
             self._record(writer, seq, n)
         return self.state.written
+
+    def _map(self, rows: SharedRows, writer: str) -> dict[str, np.ndarray]:
+        """Views of the first ``rows.rows`` rows of a writer's column set, its files mapped on first use.
+
+        Raises:
+            BufferUnavailable: the files are gone (their writer closed) or are not on this shard's node.
+        """
+        sets = self.mapped.get(writer)
+        if sets is None:  # a new writer: a good moment to drop the mappings of writers whose files are gone
+            self.mapped = {w: m for w, m in self.mapped.items() if all(os.path.isdir(f) for f, _ in m)}
+            sets = self.mapped[writer] = {}
+        shape = (rows.capacity, rows.layout)
+        got = sets.get((rows.folder, rows.index))
+        if got is None or got[0] != shape:
+            try:
+                columns = {
+                    key: np.asarray(
+                        np.memmap(
+                            column_path(rows.folder, rows.index, j), np.dtype(dtype), "r+", 0, (rows.capacity, *per)
+                        )
+                    )
+                    for j, (key, dtype, per) in enumerate(rows.layout)
+                }
+            except (OSError, ValueError) as exc:
+                raise BufferUnavailable(
+                    f"shard {self.index}: the rows of writer {writer}'s batch are not here ({exc})"
+                ) from None
+            got = sets[(rows.folder, rows.index)] = (shape, columns)
+        return {key: column[: rows.rows] for key, column in got[1].items()}
+
+    def release(self, writer: str) -> None:
+        """Drop the mappings of ``writer``'s files (it is closing)."""
+        self.mapped.pop(writer, None)
+
+    def node_id(self) -> str:
+        """The Ray node this shard runs on (a writer on it sends :class:`SharedRows`)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    def sees(self, folder: str) -> bool:
+        """Whether ``folder`` (a writer's) is visible here: a shard in a container of its own on the writer's
+        node may have a ``/dev/shm`` of its own."""
+        return os.path.isdir(folder)
+
+    def transports(self) -> dict[str, int]:
+        """Batches stored since this actor started, by how their rows came: ``mapped`` (from a same-node
+        writer's files) or ``payload`` (through Ray)."""
+        return dict(self.arrived)
 
     # ------------------------------------------------------------------ reads
     def stats(self) -> tuple[int, float, int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -154,6 +155,9 @@ def test_writer_prefetch_and_a_handle_in_a_task(local_ray: None, tmp_path: Any) 
                     next(stream)
                 if i % 50 == 0:
                     writer.add_batch(rows(2000, 4))  # pipelined whole batches beside the single adds
+            # column sets (files, the writer sharing the shards' node) are reused: max_in_flight + 1 at most
+            assert writer.folder is not None and 0 < writer.sets <= 3 + 1
+            assert len([n for n in os.listdir(writer.folder) if n.endswith(".bin")]) == writer.sets * len(data)
         stream.close()
 
     long_run(40)
@@ -185,24 +189,58 @@ def test_writer_stores_what_a_buffer_add_stores_and_refuses_what_it_refuses(loca
     error naming the key and queues nothing; column sets reused across many batches in flight keep every row."""
     remote = launch(ReplayBuffer, 1000, 1, tmp_path / "r")
     local = ReplayBuffer("cpu", "cpu", 1000, seed=0, storage_dir=str(tmp_path / "l"))
-    with remote.writer(batch_size=4, flush_every_s=100, max_in_flight=2) as writer:
-        for i in range(50):
-            if i == 7:
-                bad = one_row(i)
-                with pytest.raises(SchemaError, match="state"):
-                    writer.add({**bad, "state": bad["state"][:3]})  # a per-row shape the first row did not have
-                with pytest.raises(SchemaError, match="step"):
-                    writer.add({**bad, "step": 0.5})  # a float into the int64 column
-                with pytest.raises(InvalidArgumentError, match="keys"):
-                    writer.add({k: v for k, v in bad.items() if k != "value"})
-            writer.add(row_forms(i))
-            local.add(row_forms(i))
+    # through Ray (same_node=False), then through files the shard maps (the writer shares the shard's node)
+    for same_node, transport in ((False, "payload"), (None, "mapped")):
+        with remote.writer(batch_size=4, flush_every_s=100, max_in_flight=2, same_node=same_node) as writer:
+            for i in range(50):
+                if i == 7:
+                    bad = one_row(i)
+                    with pytest.raises(SchemaError, match="state"):
+                        writer.add({**bad, "state": bad["state"][:3]})  # a per-row shape the first row lacked
+                    with pytest.raises(SchemaError, match="step"):
+                        writer.add({**bad, "step": 0.5})  # a float into the int64 column
+                    with pytest.raises(InvalidArgumentError, match="keys"):
+                        writer.add({k: v for k, v in bad.items() if k != "value"})
+                writer.add(row_forms(i))
+                local.add(row_forms(i))
+            folder = writer.folder
+            assert (folder is None) == (same_node is False)
+            assert folder is None or os.path.isdir(folder)
+        assert folder is None or not os.path.exists(folder)  # the writer's files are gone with it
+        arrived = remote.transports()
+        assert arrived[transport] == 13 and arrived["payload"] == 13, (same_node, arrived)  # 50 rows in batches of 4
+    with pytest.raises(InvalidArgumentError, match="same_node"):
+        remote.writer(same_node="yes")  # type: ignore[arg-type]
     got, want = remote.call("sample_all")[0], local.sample_all()
     assert set(got.keys()) == set(want.keys())
     for key in sorted(want.keys()):
         assert got[key].dtype == want[key].dtype, key
         assert torch.equal(got[key], want[key]), key
     local.close()
+    remote.kill()
+
+
+def test_a_shard_that_cannot_see_the_writers_files_gets_the_rows_through_ray(local_ray: None, tmp_path: Any) -> None:
+    """A shard that finds no files where a same-node writer's descriptor points (restarted on another node,
+    say) refuses that batch and the writer's later ones; the writer sends them again as rows, in order:
+    every row stored once, in the order written."""
+    remote = launch(ReplayBuffer, 1000, 1, tmp_path)
+    data = rows(0, 60)
+    writer = remote.writer(batch_size=10, flush_every_s=100, max_in_flight=4)
+    for i in range(30):
+        writer.add({k: v[i] for k, v in data.items()})
+    writer.flush()
+    assert remote.transports() == {"mapped": 3, "payload": 0}
+    folder = writer.folder
+    assert folder is not None
+    os.rename(folder, folder + "-elsewhere")  # the writer keeps its own mappings; the shard finds nothing
+    ray.get(remote.shards[0].release.remote(writer.writer_id))  # so it maps the files anew, as a restarted one
+    for i in range(30, 60):
+        writer.add({k: v[i] for k, v in data.items()})
+    writer.close()
+    assert shard_steps(remote) == list(range(60))
+    assert remote.transports() == {"mapped": 3, "payload": 3}
+    shutil.rmtree(folder + "-elsewhere")
     remote.kill()
 
 
@@ -275,6 +313,14 @@ def test_checkpoint_restart_and_exactly_once_writes(local_ray: None, tmp_path: A
     ray.kill(shard, no_restart=False)
     remote.add_batch(rows(400, 5))  # meets the dead shard: retried until Ray restarted it
     writer.flush()
+    for i in range(10):  # the restarted shard maps the writer's files anew
+        writer.add({k: v[i] for k, v in rows(600, 10).items()})
+    writer.flush()
+    assert remote.transports()["mapped"] > 0  # the writer shares the shard's node: its batches came as files
+    folder = writer.folder
+    assert folder is not None and os.path.isdir(folder)
+    writer.close()
+    assert not os.path.exists(folder)
     for _ in range(2):  # the write retried after the restart, twice: stored once, no longer lost
         # through the handle's retry, as a writer resends: Ray may still answer "restarted" for a moment
         remote.retry("resend", lambda: shard.add_batch.remote(unacked, "w", 1))
@@ -285,7 +331,7 @@ def test_checkpoint_restart_and_exactly_once_writes(local_ray: None, tmp_path: A
     # the writer's batches that failed are sent again at flush(), after 400-404 or before: their own
     # order is kept either way
     assert from_writer == sorted(from_writer)
-    assert sorted(steps[110:]) == from_writer + list(range(400, 405))
+    assert sorted(steps[110:]) == from_writer + list(range(400, 405)) + list(range(600, 610))
     assert remote.lost_rows == 20 + 30 - len(from_writer)  # what the shard had acknowledged after the cut
     # the limiter's counters are in the cut: a restarted coordinator resumes from them
     remote.checkpoint()

@@ -1,13 +1,19 @@
-"""The wire format of a shard's draw (no Ray needed): :func:`pack` / :func:`unpack` round trips."""
+"""A shard without Ray: the wire format of its draw (:func:`pack` / :func:`unpack`) and batches read from a
+same-node writer's files."""
 
 from __future__ import annotations
+
+import os
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from objectrl_buffer.distributed.shard import pack, unpack
+from objectrl_buffer import ReplayBuffer
+from objectrl_buffer.distributed.shard import MISSING, Shard, SharedRows, column_path, pack, unpack
+from tests.support import rows
 
 DTYPES = [np.float32, np.float64, np.int64, np.int32, np.uint8, np.bool_, np.float16]
 
@@ -48,3 +54,29 @@ def test_unpack_refuses_bytes_that_do_not_match_their_header() -> None:
     packed = pack(1.0, {"a": np.zeros((3, 2), np.float32)})
     with pytest.raises(ValueError, match="packed draw"):
         unpack(packed[:-4])
+
+
+def test_shared_rows_are_stored_once_and_missing_files_refuse_until_resent(tmp_path: Any) -> None:
+    """A shard reads a same-node writer's batch from its files (no Ray needed): stored as the same rows sent
+    as a payload would be, once per ``(writer, seq)``; a batch whose files it cannot find is refused
+    (``MISSING``), and so is every later batch of that writer until the refused one comes again as rows."""
+    shard = Shard(ReplayBuffer, ("cpu", "cpu", 100), {"seed": 0, "storage_dir": str(tmp_path / "s")})
+    folder = str(tmp_path / "w")
+    os.mkdir(folder)
+    data = {k: v.numpy() for k, v in rows(0, 8).items()}
+    layout = tuple((k, v.dtype.str, v.shape[1:]) for k, v in data.items())
+    for j, value in enumerate(data.values()):
+        np.memmap(column_path(folder, 0, j), value.dtype, "w+", 0, (10, *value.shape[1:]))[:8] = value
+    described = SharedRows(folder, 0, 5, 10, layout)
+    assert shard.add_batch(described, "w", 0) == 5
+    assert shard.add_batch(described, "w", 0) == 5  # a retry: stored once
+    assert shard.add_batch(SharedRows(folder, 1, 3, 10, layout), "w", 1) == MISSING  # no set 1 there
+    later = {k: v[5:8] for k, v in data.items()}
+    assert shard.add_batch(later, "w", 2) == MISSING  # after the refused one: refused too
+    assert shard.add_batch({k: v[:1] for k, v in data.items()}, "other", 0) == 6  # other writers go on
+    assert shard.add_batch({k: v[5:8] for k, v in data.items()}, "w", 1) == 9  # the refused one, as rows
+    assert shard.add_batch(later, "w", 2) == 12
+    stored = shard.buffer.sample_all()
+    assert stored["step"].tolist() == [*data["step"][:5], data["step"][0], *data["step"][5:8], *data["step"][5:8]]
+    assert shard.transports() == {"mapped": 1, "payload": 3}
+    shard.release("w")
