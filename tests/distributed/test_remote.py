@@ -331,8 +331,13 @@ def test_checkpoint_restart_and_exactly_once_writes(local_ray: None, tmp_path: A
     # the writer's batches that failed are sent again at flush(), after 400-404 or before: their own
     # order is kept either way
     assert from_writer == sorted(from_writer)
-    assert sorted(steps[110:]) == from_writer + list(range(400, 405)) + list(range(600, 610))
-    assert remote.lost_rows == 20 + 30 - len(from_writer)  # what the shard had acknowledged after the cut
+    # ray.kill is asynchronous: 400-404 either met the dead shard (retried, stored after the restart) or
+    # reached the old one first (acknowledged, then lost with it): all or nothing, and counted if lost
+    after_kill = [s for s in steps if 400 <= s < 405]
+    assert after_kill in ([], list(range(400, 405)))
+    assert sorted(steps[110:]) == from_writer + after_kill + list(range(600, 610))
+    lost_after_cut = 20 + (30 - len(from_writer)) + (5 - len(after_kill))
+    assert remote.lost_rows == lost_after_cut  # what the shard had acknowledged after the cut
     # the limiter's counters are in the cut: a restarted coordinator resumes from them
     remote.checkpoint()
     counted = remote.limiter_counters()
