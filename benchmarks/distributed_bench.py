@@ -171,8 +171,13 @@ def add_rows(add: Callable[[Any], None], pool: list[dict[str, Any]], n: int) -> 
 def touch(rb: Any) -> None:
     """Fault in this process's mapping of every shared page (one read a page), as a writer's first pass over
     the ring does: a fresh mapping (spawn, and fork too: the kernel does not copy page tables of shared file
-    mappings) pays one minor fault per 4 KB page at its first touch (an Atari row spans ~14 pages)."""
-    for column in [*rb.shared.columns.values(), rb.shared.slots.gens]:
+    mappings) pays one minor fault per 4 KB page at its first touch (an Atari row spans ~14 pages); rows of
+    a page or more are mapped through the buffer's own chunk mapping, so that they are marked mapped as
+    after a first pass (see objectrl_buffer/distributed/shared.py)."""
+    shared = rb.shared
+    if shared.chunk_rows:  # rows of a page or more: the writer's own first pass maps them chunk by chunk
+        shared.map_slots(0, shared.capacity)
+    for column in [*shared.columns.values(), shared.slots.gens]:
         # NumPy, not torch: a torch reduction in a fork child whose parent used OpenMP hangs in libgomp
         int(column.numpy().reshape(-1).view(np.uint8)[::4096].sum())
 
