@@ -39,6 +39,7 @@ the slots rewritten since, by any process, and returns how many rows it applied.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -271,13 +272,41 @@ def become_shared(buffer: Any) -> None:
         )
     else:
         shared = SharedBuffer.create(buffer.schema, buffer.buffer_size, start=start)
+    ring = buffer.engine.ring
+    last = (ring.pointer - 1) % buffer.buffer_size  # the slot after which rows added from now on land
     if held:
-        shared.add_batch(buffer.sample_all().exclude(INDEX_KEY).reshape(-1))  # [T, num_envs] -> [T * num_envs]
+        rows = buffer.sample_all().reshape(-1)  # [T, num_envs] -> [T * num_envs]
+        last = int(rows[INDEX_KEY][-1])
+        shared.add_batch(rows.exclude(INDEX_KEY))
     if isinstance(shared, SharedPrioritizedBuffer):  # the rows kept their slots: so do their priorities
         state = buffer.priority_state()
         shared.load_priorities(state["priority"], float(state["max_priority"]))
     _attach(buffer, shared)  # first: a thread sampling meanwhile (a Queue's feeder shares) finds every row
+    _carry_over(buffer, shared, last)
     buffer.engine.clear()  # its own storage keeps only snapshots from now on
+
+
+def _carry_over(buffer: Any, shared: SharedBuffer, last: int) -> None:
+    """Store in ``shared`` the rows another thread added to ``buffer``'s own storage after the copy (a fork
+    hook or a ``Queue``'s feeder shares the buffer while a writer thread adds): at the slots after ``last``,
+    up to the pointer, once the write in flight at the switch has finished. They land after the rows that
+    thread has added to the shared rows since the switch (a few rows out of order, none lost)."""
+    ring, capacity = buffer.engine.ring, buffer.buffer_size
+    deadline = time.monotonic() + 5.0
+    quiet = 0
+    while quiet < 2 and time.monotonic() < deadline:  # a call that looked ``add`` up before the switch may
+        time.sleep(0.001)  # still write into the old rows: look again until two checks find nothing new
+        if ring.begun != ring.done:
+            quiet = 0
+            continue  # an add into the old rows is in flight
+        extra = (ring.pointer - 1 - last) % capacity
+        if not extra:
+            quiet += 1
+            continue
+        quiet = 0
+        slots = (last + 1 + torch.arange(extra, dtype=torch.int64)) % capacity
+        shared.add_batch(buffer.engine.read(slots, with_index=False))
+        last = (last + extra) % capacity
 
 
 def _attach(buffer: Any, shared: SharedBuffer) -> None:

@@ -536,3 +536,42 @@ def test_a_thread_sampling_while_the_buffer_becomes_shared_always_finds_its_rows
     become_shared(rb)
     assert seen == [4, 4] and len(rb) == 10
     rb.close()
+
+
+def do_nothing(rb: ReplayBuffer) -> None:
+    pass
+
+
+@pytest.mark.parametrize("how", ["fork Process argument", "Queue"])
+def test_rows_a_writer_thread_adds_while_the_buffer_becomes_shared_are_kept(how: str) -> None:
+    import threading
+
+    rb = ReplayBuffer("cpu", "cpu", 4_000_000, seed=0)  # never wraps here: every id must be there
+    for i in range(20_000):
+        rb.add({"i": i})
+    stop, added = threading.Event(), [20_000]
+
+    def writer() -> None:  # the one writer thread; the main thread hands the buffer over meanwhile
+        i = 20_000
+        while not stop.is_set():
+            rb.add({"i": i})
+            i += 1
+            added[0] = i
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    time.sleep(0.02)
+    if how == "Queue":
+        share_now(rb)
+    else:
+        proc = mp.get_context("fork").Process(target=do_nothing, args=(rb,))
+        proc.start()
+        proc.join()
+    time.sleep(0.02)
+    stop.set()
+    thread.join()
+    assert is_shared(rb) and added[0] < rb.buffer_size
+    ids = rb.sample_all()["i"].tolist()
+    assert sorted(ids) == list(range(added[0]))  # none lost (a few may be stored out of order), none twice
+    assert len(rb) == rb.total_adds == added[0]
+    rb.close()
