@@ -84,7 +84,9 @@ def _forking_process() -> Any:
         if frame is None:
             break
         local = frame.f_locals
-        for name in ("process_obj", "self"):  # Popen(process_obj)._launch, BaseProcess.start
+        # Popen(process_obj)._launch, or BaseProcess.start itself; not ``self`` of a running Process's
+        # ``run``: an os.fork inside a child's run hands nothing over
+        for name in ("process_obj", "self") if frame.f_code.co_name in ("_launch", "start") else ():
             if isinstance(local.get(name), BaseProcess):
                 return local[name]
         frame = frame.f_back
@@ -124,6 +126,7 @@ def _share_handed_over() -> None:
         return
     from objectrl_buffer.distributed.process import become_shared
 
+    failed = []
     for rb in _handed_over(process):
         if "shared" in rb.__dict__ or "forked_from" in rb.__dict__ or rb.engine.storage.closed:
             continue
@@ -131,14 +134,15 @@ def _share_handed_over() -> None:
         try:
             become_shared(rb)
         except Exception as exc:  # an at-fork hook cannot stop the fork: tell both sides
-            reason = f"{type(exc).__name__}: {exc}"
-            rb.__dict__["share_failed"] = reason
-            warnings.warn(
-                f"{type(rb).__name__} handed to a fork child could not be shared ({reason}); the child may "
-                "read it but its writes raise ForkedBufferError",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            reason = rb.__dict__["share_failed"] = f"{type(exc).__name__}: {exc}"
+            failed.append(f"{type(rb).__name__} ({reason})")
+    if failed:  # after every buffer had its chance (a warning turned into an error ends the hook)
+        warnings.warn(
+            f"handed to a fork child but could not be shared: {'; '.join(failed)}; the child may read them but "
+            "their writes raise ForkedBufferError",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 # ---------------------------------------------------------------------- in the child, just after a fork

@@ -625,8 +625,8 @@ class Writer:
         """A fresh column set: in this writer's files when a shard shares its node, else plain memory."""
         assert self.schema is not None
         if not self._decided:
+            self._open_folder()  # raises with same_node=True and no files: asked again at the next add
             self._decided = True
-            self._open_folder()
         if self.folder is not None:
             try:
                 columns = _Columns(self.schema, self.batch_size, self.folder, self.sets)

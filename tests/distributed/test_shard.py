@@ -80,3 +80,22 @@ def test_shared_rows_are_stored_once_and_missing_files_refuse_until_resent(tmp_p
     assert stored["step"].tolist() == [*data["step"][:5], data["step"][0], *data["step"][5:8], *data["step"][5:8]]
     assert shard.transports() == {"mapped": 1, "payload": 3}
     shard.release("w")
+
+
+def test_a_writer_that_insists_on_shared_files_refuses_every_add_without_them(monkeypatch: Any) -> None:
+    """``same_node=True`` with no shard on this node: each add raises, none quietly goes through Ray."""
+    import types
+
+    import numpy as np
+
+    from objectrl_buffer.distributed import remote as remote_module
+    from objectrl_buffer.errors import InvalidArgumentError
+
+    here = types.SimpleNamespace(get_node_id=lambda: "this-node")
+    monkeypatch.setattr(remote_module, "_ray", lambda: types.SimpleNamespace(get_runtime_context=lambda: here))
+    handle = types.SimpleNamespace(shards=["s0"], num_envs=1, node_ids=lambda: ["another-node"])
+    writer = remote_module.Writer(handle, batch_size=8, flush_every_s=100.0, max_in_flight=2, same_node=True)  # type: ignore[arg-type]
+    for _ in range(3):
+        with pytest.raises(InvalidArgumentError, match="no shard runs on this node"):
+            writer.add({"obs": np.zeros(4, np.float32), "reward": 1.0})
+    assert writer.folder is None
