@@ -4,6 +4,7 @@ Workloads (issue 14), each timed ``--rounds`` times, median reported with the sp
 
 * add: ``--trajectories`` calls of ``add_trajectories([one [T, B] trajectory])`` with obs ``[32]`` and image obs
   ``uint8[3, S, S]``, without and with saving (with: the add calls alone, and add + waiting for the disk).
+  Without saving both keep the newest 100 (the window); a second row has both keep every trajectory.
 * sample(256) from a window of 100 trajectories, RLinf's cache on (``cache_size=100``) and off (its misses
   read trajectory files; ours never reads files).
 * load_checkpoint of ``--load-trajectories`` trajectories (obs only) sharded over 4 ranks: the 4 loads in turn.
@@ -40,6 +41,7 @@ from benchmarks import rlinf_peer
 from objectrl_buffer.trajectory import Trajectory, TrajectoryReplayBuffer, merge_rank_folders
 
 MERGE = "merge 4 rank folders (rlinf col: plain copy2)"
+KEEP_ALL = "add, no save, every trajectory kept (ours: window 0; rlinf: window = adds)"
 
 
 def make_pool(n: int, T: int, B: int, image: int, seed: int = 0) -> list[Trajectory]:
@@ -126,7 +128,7 @@ def one_round(
     """Adds (without, then with saving) and samples (cache on, then off), ours and rlinf's."""
     n, calls, off = len(adds), args.sample_calls, args.sample_calls_off
     ours_dir, theirs_dir = os.path.join(work, f"ours{r}"), os.path.join(work, f"theirs{r}")
-    # -- add without saving; sample from memory (ours: storage, rlinf: its cache)
+    # -- add without saving, window 100: both keep the newest 100; sample from memory (ours: storage, rlinf: cache)
     ours = TrajectoryReplayBuffer(seed=r, sample_window_size=100)
     theirs = upstream.TrajectoryReplayBuffer(seed=r, sample_window_size=100)
     rounds.add("add, no save", "ours", timed(lambda: add_all(ours, adds)), "traj/s", n)
@@ -134,10 +136,13 @@ def one_round(
     rounds.add("sample(256), cache on", "ours", timed(lambda: sample_n(ours, calls)), "calls/s", calls)
     theirs.close()
     ours.close()
-    # -- ours with a capacity of 100 trajectories: a ring that reuses its pages, as rlinf's 100-slot cache does
-    ours = TrajectoryReplayBuffer(seed=r, sample_window_size=100, capacity=100 * adds[0].rewards.numel())
-    rounds.add("add, no save (ours: capacity 100 traj)", "ours", timed(lambda: add_all(ours, adds)), "traj/s", n)
-    rounds.times[("add, no save (ours: capacity 100 traj)", "rlinf")] = rounds.times[("add, no save", "rlinf")]
+    # -- both keep all 200: ours with sample_window_size=0 (every trajectory kept, in RAM-backed files), rlinf
+    #    with a window of 200 (its cache is forced to the window without saving; 0 there is a modulo by zero)
+    ours = TrajectoryReplayBuffer(seed=r, sample_window_size=0)
+    theirs = upstream.TrajectoryReplayBuffer(seed=r, sample_window_size=n)
+    rounds.add(KEEP_ALL, "ours", timed(lambda: add_all(ours, adds)), "traj/s", n)
+    rounds.add(KEEP_ALL, "rlinf", timed(lambda: add_all(theirs, adds)), "traj/s", n)
+    theirs.close()
     ours.close()
     # -- add with saving (rlinf: cache_size 100 covers the window of 100)
     ours = TrajectoryReplayBuffer(r, True, 100, ours_dir, "pt", 100, True)

@@ -9,6 +9,11 @@ folder in ``storage_dir`` (:mod:`~objectrl_buffer.trajectory.files`) that loads 
 Differences from rlinf 0.3.0 (``rlinf/data/replay_buffer.py``), each on purpose:
 
 * ``capacity`` (transitions) evicts whole oldest trajectories (upstream grows without bound).
+* Without saving (and without ``capacity``) only the newest ``sample_window_size`` trajectories are kept:
+  upstream then forces its cache to that many slots and keeps nothing else (its index still counts the
+  others, so its ``len`` keeps growing; ours is what is stored). Nothing outside the window can be sampled
+  either way, and memory stays bounded over a long run. ``is_ready(n)`` for more than that raises instead of
+  never becoming true. ``sample_window_size=0``, ``capacity`` or ``save_trajectories`` keep every trajectory.
 * A trajectory without samples is a ``ValueError`` (upstream skips it silently).
 * The global RNG is never touched (upstream seeds ``np.random``).
 * ``save_checkpoint`` always writes a complete folder (upstream only warns without saving on).
@@ -73,8 +78,8 @@ class TrajectoryReplayBuffer:
         seed: seed of the buffer's own ``torch.Generator`` (``None``: derived from torch's global seed,
             see :mod:`~objectrl_buffer.core.seeding`). The global RNG is never touched.
         enable_cache, cache_size: RLinf's cache settings (trajectories kept in RAM), kept for compatibility
-            and reported by :meth:`get_stats`. Every trajectory lives in the library's storage, so none is
-            ever read back from a file.
+            and reported by :meth:`get_stats`. Every stored trajectory lives in the library's storage, so
+            none is ever read back from a file.
         storage_dir: the RLinf folder the writer keeps (needed with ``save_trajectories``). If it already
             holds a ``metadata.json``, the buffer resumes from it, as RLinf's seed-era buffer does.
         storage_format: ``"pt"`` (``torch.save``) or ``"pkl"`` (pickle) trajectory files.
@@ -82,11 +87,18 @@ class TrajectoryReplayBuffer:
         save_trajectories: persist every added trajectory in ``storage_dir`` on a background thread.
 
     Keyword-only:
-        capacity: transitions kept at most (whole oldest trajectories are evicted); ``None``: unbounded.
-        device: where samples are returned. storing_device: where rows live (CPU: memory-mapped files).
+        capacity: transitions kept at most (whole oldest trajectories are evicted); ``None``: every
+            trajectory with ``save_trajectories`` or ``sample_window_size=0``, else the newest
+            ``sample_window_size`` (:attr:`keep`), as rlinf keeps.
+        device: where samples are returned. storing_device: where rows live (CPU: memory-mapped RAM-backed
+            files; the newest-window store of :attr:`keep` uses process memory, rewritten in place).
         allow_pickle: let :meth:`load_checkpoint` (and resuming) read ``.pkl`` files, which runs their code.
         auto_save, auto_save_path, trajectory_format: RLinf 0.3's names of ``save_trajectories``,
             ``storage_dir`` and ``storage_format``.
+
+    Attributes:
+        keep: the most trajectories stored (``None``: no such limit): ``sample_window_size`` without saving
+            and without ``capacity``, fixed at construction.
 
     Raises:
         InvalidArgumentError (a ValueError): an argument out of range, or ``save_trajectories`` without ``storage_dir``.
@@ -133,8 +145,12 @@ class TrajectoryReplayBuffer:
         self.save_trajectories = save
         self.seed = derived_seed() if seed is None else seed
         self.generator = torch.Generator().manual_seed(self.seed)
+        # Without saving (and without capacity) only the sampling window can ever be read again: keep just
+        # that, as rlinf does (its cache is then forced to sample_window_size slots), so memory stays bounded.
+        window = self.sample_window_size
+        self.keep: int | None = window if (not save and self.capacity is None and window > 0) else None
         self._lock = threading.RLock()
-        self._holder = [Table(self.capacity, self.storing_device)]  # a list: the finalizer sees swaps
+        self._holder = [Table(self.capacity, self.storing_device, self.keep)]  # a list: the finalizer sees swaps
         self._counter = 0
         self._version = 0
         self._window: tuple[int, int, torch.Tensor, torch.Tensor, int] | None = None
@@ -181,7 +197,18 @@ class TrajectoryReplayBuffer:
         return [e.trajectory_id for e in self._table.entries]
 
     def is_ready(self, min_size: int) -> bool:
-        """Whether at least ``min_size`` trajectories are stored."""
+        """Whether at least ``min_size`` trajectories are stored.
+
+        Raises:
+            InvalidArgumentError: ``min_size`` is more than the buffer ever keeps (:attr:`keep`), so the answer
+                would stay ``False`` forever (a wait on it would hang).
+        """
+        if self.keep is not None and isinstance(min_size, int) and min_size > self.keep:
+            raise InvalidArgumentError(
+                f"is_ready({min_size}): this buffer keeps only the newest {self.keep} trajectories (its "
+                "sample_window_size, without save_trajectories or capacity), so it can never hold that many; "
+                "pass capacity= or save_trajectories=True to keep more"
+            )
         return len(self) >= min_size
 
     async def is_ready_async(self, min_size: int) -> bool:
@@ -316,7 +343,7 @@ class TrajectoryReplayBuffer:
         self._check_open()
         with self._lock:
             old = self._table
-            self._holder[0] = Table(self.capacity, self.storing_device)
+            self._holder[0] = Table(self.capacity, self.storing_device, self.keep)
             old.rows.close()
             self._counter = 0
             self._version += 1
@@ -383,7 +410,8 @@ class TrajectoryReplayBuffer:
 
     def _load(self, folder: files.Folder, entries: list[Entry]) -> None:
         """Build a new table from ``entries``' files, then swap it in (the old one is untouched on error)."""
-        table = checkpoint.read_table(folder, entries, self.capacity, self.storing_device, self.allow_pickle)
+        kept = entries[-self.keep :] if self.keep is not None else entries  # the rest would be evicted at once
+        table = checkpoint.read_table(folder, kept, self.capacity, self.storing_device, self.allow_pickle, self.keep)
         old, self._holder[0] = self._holder[0], table
         old.rows.close()
         ids = [e.trajectory_id for e in entries]

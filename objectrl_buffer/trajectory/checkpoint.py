@@ -49,16 +49,22 @@ def rank_share(entries: list[Entry], local_rank: int, world_size: int) -> list[E
 
 
 def read_table(
-    folder: files.Folder, entries: list[Entry], capacity: int | None, device: torch.device, allow_pickle: bool
+    folder: files.Folder,
+    entries: list[Entry],
+    capacity: int | None,
+    device: torch.device,
+    allow_pickle: bool,
+    keep: int | None = None,
 ) -> Table:
-    """A new table holding ``entries``' trajectory files of ``folder`` (rows on ``device``).
+    """A new table (``capacity``, ``keep``: see :class:`Table`) holding ``entries``' trajectory files of
+    ``folder`` (rows on ``device``).
 
     Raises:
         CheckpointNotFoundError: files missing. CheckpointError: a file that does not match its entry or is
             damaged. InvalidArgumentError: a trajectory longer than ``capacity``. Nothing is left allocated.
     """
     paths = files.find_files(files.Folder(folder.path, folder.metadata, entries, folder.fmt))
-    table = Table(capacity, device)
+    table = Table(capacity, device, keep)
     try:
         schema = None
         for entry, file in zip(entries, paths, strict=True):

@@ -6,11 +6,16 @@ Every row ever written gets an address ``0, 1, 2, ...``; a trajectory is the con
 * With a ``capacity`` (rows): one :class:`~objectrl_buffer.storage.table.TransitionStorage` of that many
   slots and a :class:`~objectrl_buffer.core.ring.Ring` over it; address ``a`` sits in slot ``a % capacity``.
   The caller evicts whole oldest trajectories (:meth:`RowStore.drop_oldest`) until a new one fits.
-* Unbounded: storages of ``chunk_rows`` slots each, appended as rows arrive; address ``a`` sits in chunk
-  ``a // chunk_rows`` at slot ``a % chunk_rows``. A trajectory may straddle two chunks.
+* Chunked (``capacity=None``): storages of ``chunk_rows`` slots each, appended as rows arrive; address ``a``
+  sits in chunk ``a // chunk_rows`` at slot ``a % chunk_rows``. A trajectory may straddle two chunks.
+  Unbounded unless the caller drops oldest rows (a buffer that keeps only its sampling window does): a
+  chunk whose rows are all dropped is kept as the spare and becomes the next chunk, so its pages, already
+  allocated and mapped, are written again instead of fresh ones (filling a fresh RAM page costs 2-3x a
+  store into one in use; rlinf's fixed-size cache reuses its pages the same way).
 
-CPU storage is memory-mapped (RAM-backed by default, see :mod:`~objectrl_buffer.storage.placement`), so
-sampling reads the storage only, never a file some writer thread may still be producing.
+CPU storage is memory-mapped (RAM-backed by default, see :mod:`~objectrl_buffer.storage.placement`), or
+process memory for a store kept bounded (``in_memory``); sampling reads the storage only, never a file some
+writer thread may still be producing.
 """
 
 from __future__ import annotations
@@ -42,16 +47,25 @@ class RowStore:
         capacity: rows kept at most (ring), or ``None`` for unbounded (chunks).
         device: the storing device.
         chunk_rows: rows per chunk when unbounded (``None``: about :data:`CHUNK_BYTES` per chunk, >= 4096).
+        in_memory: CPU chunks in process memory instead of RAM-backed files (see
+            :class:`~objectrl_buffer.storage.table.TransitionStorage`), for a store its caller keeps bounded
+            by dropping its oldest rows: its chunks are rewritten over and over.
     """
 
-    def __init__(self, capacity: int | None, device: torch.device, chunk_rows: int | None = None) -> None:
+    def __init__(
+        self, capacity: int | None, device: torch.device, chunk_rows: int | None = None, in_memory: bool = False
+    ) -> None:
         self.capacity = capacity
         self.device = device
+        self.in_memory = in_memory
         self.ring = Ring(capacity) if capacity is not None else None
         self.chunk_rows = capacity if capacity is not None else chunk_rows
         self.schema: Schema | None = None
-        self.chunks: list[TransitionStorage] = []
+        self.chunks: list[TransitionStorage] = []  # chunked: chunks[i] is chunk number base + i
+        self.base = 0
+        self.spare: TransitionStorage | None = None  # chunked: a chunk whose rows were all dropped
         self.next_row = 0  # address of the next row written
+        self.oldest = 0  # address of the oldest row kept
         self.warned: set[Key] = set()
         self.scratch: dict[Key, np.ndarray] = {}  # per key, for _gather_cpu
         self.closed = False
@@ -70,11 +84,15 @@ class RowStore:
 
     def _new_chunk(self, schema: Schema, pairs: Pairs) -> TransitionStorage:
         assert self.chunk_rows is not None
+        spare, self.spare = self.spare, None
+        if spare is not None:  # same schema and size: a store only ever holds one schema
+            self.chunks.append(spare)
+            return spare
         # write_fresh: a trajectory's rows are one large block per key, and a block written to fresh RAM-backed
         # slots goes through pwrite, which spares their pages' reservation and write faults
         # (TransitionStorage._write_fresh): every write of an unbounded chunk, a ring's first pass. A ring's
         # next passes map those slots (one populate per column) and store through the mapping.
-        storage = TransitionStorage(self.chunk_rows, self.device, write_fresh=True)
+        storage = TransitionStorage(self.chunk_rows, self.device, write_fresh=True, in_memory=self.in_memory)
         storage.initialize(schema, {f.key: torch.as_tensor(v)[0] for f, v in pairs})
         self.chunks.append(storage)
         return storage
@@ -101,6 +119,7 @@ class RowStore:
             assert size is not None
             while done < n:
                 index, offset = divmod(start + done, size)
+                index -= self.base
                 storage = self.chunks[index] if index < len(self.chunks) else self._new_chunk(schema, pairs)
                 m = min(n - done, size - offset)
                 storage.write_rows(offset, pairs, done, m)
@@ -109,9 +128,22 @@ class RowStore:
         return start
 
     def drop_oldest(self, n: int) -> None:
-        """Forget the ``n`` oldest rows of a ring (their slots are free for the next writes)."""
-        assert self.ring is not None and n <= self.ring.size
-        self.ring.size -= n
+        """Forget the ``n`` oldest rows: their slots are free for the next writes (a ring's), or (chunked)
+        a chunk left with no row kept becomes the spare for the next new chunk (one is kept, others freed)."""
+        assert n <= self.next_row - self.oldest
+        self.oldest += n
+        if self.ring is not None:
+            self.ring.size -= n
+            return
+        size = self.chunk_rows
+        assert size is not None
+        while self.chunks and (self.base + 1) * size <= self.oldest:
+            dead = self.chunks.pop(0)
+            self.base += 1
+            if self.spare is None:
+                self.spare = dead
+            else:
+                dead.close()
 
     @property
     def free(self) -> int:
@@ -130,13 +162,13 @@ class RowStore:
         chunk = addresses.div(size, rounding_mode="floor")
         first, last = int(chunk.min()), int(chunk.max())
         if first == last:
-            return self.chunks[first].gather(addresses - first * size)
-        if all(storage.arrays is not None for storage in self.chunks[first : last + 1]):
+            return self.chunks[first - self.base].gather(addresses - first * size)
+        if all(storage.arrays is not None for storage in self.chunks[first - self.base : last + 1 - self.base]):
             return self._gather_cpu(addresses, chunk, first)
         out: dict[Key, torch.Tensor] = {}
         for index in torch.unique(chunk).tolist():
             positions = (chunk == index).nonzero().squeeze(1)
-            part = self.chunks[index].gather(addresses[positions] - index * size)
+            part = self.chunks[index - self.base].gather(addresses[positions] - index * size)
             for key, value in part.items():
                 target = out.get(key)
                 if target is None:
@@ -166,7 +198,7 @@ class RowStore:
         start = 0
         for offset, count in enumerate(counts):
             if count:
-                arrays = self.chunks[first + offset].arrays
+                arrays = self.chunks[first + offset - self.base].arrays
                 assert arrays is not None
                 segments.append((arrays, start, start + count))
                 start += count
@@ -205,7 +237,7 @@ class RowStore:
         done = 0
         while done < n:
             index, slot = divmod(first + done, size)
-            storage = self.chunks[0 if self.ring is not None else index]
+            storage = self.chunks[0 if self.ring is not None else index - self.base]
             m = min(n - done, size - slot)
             pieces.append((storage, slot, slot + m, done))
             done += m
@@ -223,6 +255,8 @@ class RowStore:
         """Free every chunk (memory and files). Idempotent."""
         for storage in self.chunks:
             storage.close()
-        self.chunks = []
+        if self.spare is not None:
+            self.spare.close()
+        self.chunks, self.spare = [], None
         self.scratch = {}
         self.closed = True

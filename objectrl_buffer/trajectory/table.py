@@ -1,7 +1,8 @@
 """The stored trajectories of a :class:`~objectrl_buffer.trajectory.buffer.TrajectoryReplayBuffer`.
 
 A :class:`Table` keeps the index entries and first row addresses of the trajectories, oldest first, over one
-:class:`~objectrl_buffer.trajectory.rows.RowStore`, and evicts whole oldest trajectories when full.
+:class:`~objectrl_buffer.trajectory.rows.RowStore`, and evicts whole oldest trajectories when full: when the
+rows reach ``capacity`` (transitions), or the trajectories reach ``keep``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 from objectrl_buffer.core.schema import Schema
 from objectrl_buffer.trajectory.files import Entry
-from objectrl_buffer.trajectory.rows import Pairs, RowStore
+from objectrl_buffer.trajectory.rows import CHUNK_BYTES, Pairs, RowStore
 from objectrl_buffer.trajectory.trajectory import to_payload
 from objectrl_buffer.trajectory.writer import TrajectoryWriter
 
@@ -20,19 +21,33 @@ __all__ = ["Table", "shutdown"]
 
 
 class Table:
-    """The stored trajectories, oldest first: their index entries and first row addresses, over one RowStore."""
+    """The stored trajectories, oldest first: their index entries and first row addresses, over one RowStore.
 
-    def __init__(self, capacity: int | None, device: torch.device) -> None:
-        self.rows = RowStore(capacity, device)
+    Args:
+        capacity: transitions kept at most (a ring of rows), or ``None``.
+        device: the storing device.
+        keep: trajectories kept at most (``None``: no limit). Without ``capacity`` the rows are then kept in
+            process memory, in chunks of about an eighth of the first ``keep`` trajectories (at most
+            :data:`~objectrl_buffer.trajectory.rows.CHUNK_BYTES`) that are reused as the oldest rows go.
+    """
+
+    def __init__(self, capacity: int | None, device: torch.device, keep: int | None = None) -> None:
+        self.keep = keep
+        bounded = keep is not None and capacity is None
+        self.rows = RowStore(capacity, device, in_memory=bounded)
         self.entries: list[Entry] = []
         self.firsts: list[int] = []
         self.total = 0
 
     def append(self, schema: Schema, pairs: Pairs, n: int, entry: Entry) -> tuple[int, list[Entry]]:
-        """Store one trajectory's rows, evicting whole oldest ones until it fits; return (first row, evicted)."""
+        """Store one trajectory's rows, evicting whole oldest ones first until it fits (``capacity``) and one
+        more is allowed (``keep``); return (first row, evicted)."""
         evicted: list[Entry] = []
         rows = self.rows
-        while rows.free < n:
+        keep = self.keep
+        if keep is not None and rows.chunk_rows is None and rows.capacity is None:  # the first trajectory
+            rows.chunk_rows = max(4096, min(CHUNK_BYTES // max(schema.row_bytes, 1), keep * n // 8))
+        while rows.free < n or (keep is not None and len(self.entries) >= keep):
             old = self.entries.pop(0)
             self.firsts.pop(0)
             rows.drop_oldest(old.num_samples)

@@ -215,6 +215,68 @@ def test_unbounded_chunks_hold_trajectories_that_straddle_them() -> None:
     store.close()
 
 
+# ---------------------------------------------------------------------- what is kept without saving
+def test_without_saving_only_the_window_is_kept_and_samples_match_a_buffer_keeping_all(
+    make: Any, tmp_path: Any
+) -> None:
+    """rlinf forces its cache to the window without saving, so a long run's memory stays bounded: so do we.
+    Samples are those of a buffer that keeps every trajectory (saving), draw for draw; the chunks of rows
+    the kept trajectories no longer use are reused, not piled up."""
+    windowed = make(seed=4, sample_window_size=3)
+    keeping = make(seed=4, sample_window_size=3, save_trajectories=True, storage_dir=str(tmp_path / "all"))
+    assert (windowed.keep, keeping.keep) == (3, None)
+    seen_chunks: set[int] = set()
+    for m in range(40):
+        trajectory = marked(m, T=64, B=8)  # 512 rows: chunks of 4096 rows fill and die every 8 adds
+        windowed.add_trajectories([trajectory])
+        keeping.add_trajectories([trajectory])
+        assert windowed.trajectory_ids == list(range(max(0, m - 2), m + 1))
+        assert windowed.total_samples == 512 * min(m + 1, 3) and len(keeping) == m + 1
+        a, b = windowed.sample(300), keeping.sample(300)
+        assert all(torch.equal(a[k], b[k]) for k in b.keys(include_nested=True, leaves_only=True))
+        rows = windowed._table.rows
+        assert len(rows.chunks) <= 2  # 3 * 512 kept rows span at most 2 chunks of 4096
+        seen_chunks.update(id(c) for c in rows.chunks)
+    assert len(seen_chunks) <= 3, "a chunk left with no kept row is reused as the next one"
+    keeping.flush()
+
+
+@pytest.mark.parametrize("kwargs", [{"sample_window_size": 0}, {"capacity": 10_000}, {"save_trajectories": True}])
+def test_window_zero_capacity_or_saving_keep_every_trajectory(make: Any, tmp_path: Any, kwargs: dict) -> None:
+    if kwargs.get("save_trajectories"):
+        kwargs = {**kwargs, "storage_dir": str(tmp_path / "d")}
+    rb = make(seed=0, **{"sample_window_size": 2, **kwargs})
+    rb.add_trajectories([marked(m) for m in range(6)])
+    assert rb.keep is None and rb.trajectory_ids == list(range(6))
+
+
+def test_is_ready_beyond_what_the_window_keeps_is_an_error_not_a_hang(make: Any) -> None:
+    rb = make(seed=0, sample_window_size=3)
+    rb.add_trajectories([marked(m) for m in range(5)])
+    assert rb.is_ready(3) and len(rb) == 3
+    with pytest.raises(InvalidArgumentError, match=r"is_ready\(4\).*newest 3 trajectories.*capacity="):
+        rb.is_ready(4)
+    with pytest.raises(InvalidArgumentError, match="newest 3"):
+        asyncio.run(rb.is_ready_async(4))
+    assert make(seed=0, sample_window_size=0).is_ready(0)
+
+
+def test_checkpoints_of_a_windowed_buffer_hold_the_window_and_loads_keep_the_newest(make: Any, tmp_path: Any) -> None:
+    full = make(seed=2, sample_window_size=0)
+    full.add_trajectories([marked(m) for m in range(10)])
+    full.save_checkpoint(str(tmp_path / "ten"))
+    windowed = make(seed=2, sample_window_size=3)
+    windowed.load_checkpoint(str(tmp_path / "ten"))
+    assert windowed.trajectory_ids == [7, 8, 9]
+    windowed.add_trajectories([marked(10)])
+    assert windowed.trajectory_ids == [8, 9, 10]  # the id counter goes on from the folder's
+    windowed.save_checkpoint(str(tmp_path / "window"))
+    again = make(seed=0, sample_window_size=0)
+    again.load_checkpoint(str(tmp_path / "window"))
+    assert again.trajectory_ids == [8, 9, 10]
+    assert torch.equal(again.sample(500)["rewards"], windowed.sample(500)["rewards"])  # same seed, same rows
+
+
 # ---------------------------------------------------------------------- lifecycle
 def test_stats_readiness_clear_and_close(make: Any) -> None:
     rb = make(seed=0, cache_size=2)

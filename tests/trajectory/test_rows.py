@@ -213,19 +213,60 @@ def test_a_ring_keeps_the_newest_rows_whatever_the_sizes(capacity: int, sizes: l
         rows.close()
 
 
-def test_large_blocks_split_over_two_threads_store_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Blocks of at least SPLIT_BYTES are copied half by a helper thread: fresh (pwrite) and after a wrap."""
-    from objectrl_buffer.storage import table
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.lists(st.integers(1, 50), min_size=1, max_size=25),
+    st.booleans(),
+    st.lists(st.integers(0, 10**6), min_size=1, max_size=30),
+)
+def test_chunks_whose_rows_were_all_dropped_are_reused_and_memory_stays_bounded(
+    keep: int, sizes: list[int], in_memory: bool, picks: list[int]
+) -> None:
+    """Chunked rows with the oldest trajectories dropped (a buffer keeping its window), against a list of
+    the kept ones: every kept row reads back (whole, and gathered by address across chunks) after each
+    add, a chunk left with no kept row is reused as the next one (at most one spare), and the chunks held
+    never exceed what the kept rows span plus one."""
+    rows = RowStore(None, torch.device("cpu"), 16, in_memory=in_memory)
+    kept: list[tuple[int, int, int]] = []  # (trajectory, first address, rows), oldest first
+    made: list[int] = []
+    real_new = rows._new_chunk
 
-    monkeypatch.setattr(table, "SPLIT_BYTES", 64)  # every block of these small rows is split
-    rows = store(None, 40)
+    def spy(schema: Schema, pairs: Any) -> Any:
+        reused = rows.spare
+        made.append(0 if reused is not None else 1)
+        storage = real_new(schema, pairs)
+        assert reused is None or storage is reused
+        return storage
+
+    rows._new_chunk = spy  # type: ignore[method-assign]
     try:
-        firsts = [append(rows, m, 24) for m in range(5)]  # chunks of 40 rows: blocks straddle chunks
-        for m in range(5):
-            assert_rows(rows, firsts[m], m, 24)
+        for m, n in enumerate(sizes):
+            schema, pairs, k = rows.prepare(rows_of(m, n), rows.schema)
+            while len(kept) >= keep:
+                _, _, old = kept.pop(0)
+                rows.drop_oldest(old)
+            kept.append((m, rows.append(schema, pairs, k), k))
+            for j, first, length in kept:
+                assert_rows(rows, first, j, length)
+            live = sum(length for _, _, length in kept)
+            assert len(rows.chunks) <= -(-live // 16) + 1
+            assert rows.chunks[0].capacity == 16 and rows.base * 16 <= kept[0][1]
+        addresses = [a for _, first, length in kept for a in range(first, first + length)]
+        chosen = [addresses[p % len(addresses)] for p in picks]
+        got = rows.gather(torch.tensor(chosen, dtype=torch.int64))
+        for key in got:
+            want = []
+            for a in chosen:
+                m, first, _ = next(t for t in kept if t[1] <= a < t[1] + t[2])
+                want.append(rows_of(m, a - first + 1)[key][a - first])
+            assert torch.equal(got[key], torch.stack(want)), key
+        total_rows = sum(sizes)
+        if total_rows > 3 * 16 * (keep * 50 // 16 + 2):  # far more rows than the kept ones ever span
+            assert made.count(0) > 0, "a chunk whose rows were all dropped is reused"
     finally:
         rows.close()
-    assert rows.chunks == [] and rows.closed
+    assert rows.chunks == [] and rows.spare is None and rows.closed
 
 
 @settings(max_examples=25, deadline=None)
