@@ -71,6 +71,7 @@ __all__ = [
 LOCK_SUFFIX = ".lock"  # <path>.metadata.lock: held by a save from its new data folder to its cleanup
 _GENERATION = r"\.data-[0-9a-f]{16}"
 
+
 # ---------------------------------------------------------------------------------------------- full checkpoints
 @dataclass(frozen=True)
 class Checkpoint:

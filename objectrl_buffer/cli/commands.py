@@ -217,7 +217,9 @@ def trajectories(args: argparse.Namespace) -> int:
                 batch = buffer.sample(args.num_chunks)
             finally:
                 buffer.close()
-            print(f"[sample] {batch.batch_size[0]} transitions from {len(buffer)} trajectories")
+            held, loaded = len(buffer), buffer.num_added
+            window = f"the newest {held} of {loaded}" if held < loaded else f"{held}"
+            print(f"[sample] {batch.batch_size[0]} transitions from {window} trajectories")
             for key in batch.keys(include_nested=True, leaves_only=True):
                 value = batch.get(key)
                 print(f"  {format_key(key)}: {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}")

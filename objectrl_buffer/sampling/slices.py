@@ -34,7 +34,6 @@ from objectrl_buffer.errors import EmptyBufferError, SchemaError
 __all__ = ["TransitionKeys", "StoredRows", "episode_ends", "slice_positions", "pad_slices", "MASK_KEY"]
 
 
-
 @dataclass(frozen=True)
 class TransitionKeys:
     """Names of the keys n-step returns and episode boundaries read (ObjectRL's by default).

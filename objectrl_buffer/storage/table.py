@@ -146,6 +146,8 @@ class TransitionStorage:
     ) -> None:
         self.capacity = capacity
         self.write_fresh = write_fresh
+        if in_memory and directory is not None:
+            raise InvalidArgumentError("an in_memory storage has no files: pass no directory")
         self.in_memory = in_memory = in_memory and device.type == "cpu"
         self.device = device
         self.schema: Schema | None = None
@@ -467,7 +469,12 @@ class TransitionStorage:
             row = first
             for lo, hi in parts:
                 source = value[row : row + hi - lo]
-                if array is not None and isinstance(source, torch.Tensor) and source.device.type == "cpu":
+                if (
+                    array is not None
+                    and isinstance(source, torch.Tensor)
+                    and source.device.type == "cpu"
+                    and not (source.is_conj() or source.is_neg())  # lazy views NumPy cannot see: torch resolves them
+                ):
                     # glibc's memcpy (non-temporal stores for a large block): ~12% faster than Tensor.copy_
                     # into rows not in the cache (12.6 MB: 1.85 against 2.10 ms on a 2-core VM)
                     np.copyto(array[lo:hi], source.detach().numpy(), casting="no")

@@ -2,18 +2,20 @@
 
 Rollout workers add whole batched trajectories ``[T, B, ...]``; the trainer samples transitions
 ("chunks") uniformly, with replacement, from the newest ``sample_window_size`` trajectories. Rows live in
-a :class:`~objectrl_buffer.trajectory.rows.RowStore` (memory-mapped CPU storage by default), so sampling
-never reads a trajectory file. With ``save_trajectories=True`` a background thread also keeps an RLinf
-folder in ``storage_dir`` (:mod:`~objectrl_buffer.trajectory.files`) that loads after a kill at any moment.
+a :class:`~objectrl_buffer.trajectory.rows.RowStore` (the library's storage: memory-mapped CPU files, or
+process memory for a buffer that keeps only its window), so sampling never reads a trajectory file. With
+``save_trajectories=True`` a background thread also keeps an RLinf folder in ``storage_dir``
+(:mod:`~objectrl_buffer.trajectory.files`) that loads after a kill at any moment.
 
 Differences from rlinf 0.3.0 (``rlinf/data/replay_buffer.py``), each on purpose:
 
 * ``capacity`` (transitions) evicts whole oldest trajectories (upstream grows without bound).
 * Without saving (and without ``capacity``) only the newest ``sample_window_size`` trajectories are kept:
   upstream then forces its cache to that many slots and keeps nothing else (its index still counts the
-  others, so its ``len`` keeps growing; ours is what is stored). Nothing outside the window can be sampled
-  either way, and memory stays bounded over a long run. ``is_ready(n)`` for more than that raises instead of
-  never becoming true. ``sample_window_size=0``, ``capacity`` or ``save_trajectories`` keep every trajectory.
+  others, so its ``len`` keeps growing; ours is what is stored, and :attr:`num_added` is upstream's count,
+  which :meth:`is_ready` reads as upstream does). Nothing outside the window can be sampled either way, and
+  memory stays bounded over a long run; widening ``sample_window_size`` later is refused, since the older
+  trajectories are gone. ``sample_window_size=0``, ``capacity`` or ``save_trajectories`` keep every trajectory.
 * A trajectory without samples is a ``ValueError`` (upstream skips it silently).
 * The global RNG is never touched (upstream seeds ``np.random``).
 * ``save_checkpoint`` always writes a complete folder (upstream only warns without saving on).
@@ -24,6 +26,7 @@ Differences from rlinf 0.3.0 (``rlinf/data/replay_buffer.py``), each on purpose:
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 import weakref
@@ -129,7 +132,7 @@ class TrajectoryReplayBuffer:
             raise InvalidArgumentError(f"seed must be an int or None, got {seed!r}")
         self.enable_cache = _flag(enable_cache, "enable_cache")
         self.cache_size = _non_negative(cache_size, "cache_size")
-        self.sample_window_size = _non_negative(sample_window_size, "sample_window_size")
+        self._window_size = _non_negative(sample_window_size, "sample_window_size")
         if fmt not in files.FORMATS:
             raise InvalidArgumentError(f"storage_format must be 'pt' or 'pkl', got {fmt!r}")
         if folder == "":
@@ -147,8 +150,9 @@ class TrajectoryReplayBuffer:
         self.generator = torch.Generator().manual_seed(self.seed)
         # Without saving (and without capacity) only the sampling window can ever be read again: keep just
         # that, as rlinf does (its cache is then forced to sample_window_size slots), so memory stays bounded.
-        window = self.sample_window_size
+        window = self._window_size
         self.keep: int | None = window if (not save and self.capacity is None and window > 0) else None
+        self._added = 0  # trajectories added since construction, clear or load: rlinf's size
         self._lock = threading.RLock()
         self._holder = [Table(self.capacity, self.storing_device, self.keep)]  # a list: the finalizer sees swaps
         self._counter = 0
@@ -182,6 +186,31 @@ class TrajectoryReplayBuffer:
         return len(self._table.entries)
 
     @property
+    def sample_window_size(self) -> int:
+        """Sample from the newest this many trajectories (0: all). It may be changed, but a buffer that keeps
+        only its window (:attr:`keep`) cannot widen it (the older trajectories are gone):
+        :class:`InvalidArgumentError`."""
+        return self._window_size
+
+    @sample_window_size.setter
+    def sample_window_size(self, value: int) -> None:
+        value = _non_negative(value, "sample_window_size")
+        keep = self.keep
+        if keep is not None and (value == 0 or value > keep):
+            raise InvalidArgumentError(
+                f"sample_window_size={value}: this buffer keeps only its newest {keep} trajectories (built without "
+                "save_trajectories or capacity), the older ones are gone; build it with capacity= or "
+                "save_trajectories=True to sample from more"
+            )
+        self._window_size = value
+
+    @property
+    def num_added(self) -> int:
+        """Trajectories added since construction, :meth:`clear` or a load (a load counts its share),
+        evicted ones included: what RLinf's ``size`` counts."""
+        return self._added
+
+    @property
     def size(self) -> int:
         """Number of stored trajectories (RLinf's attribute)."""
         return len(self._table.entries)
@@ -197,19 +226,17 @@ class TrajectoryReplayBuffer:
         return [e.trajectory_id for e in self._table.entries]
 
     def is_ready(self, min_size: int) -> bool:
-        """Whether at least ``min_size`` trajectories are stored.
+        """Whether at least ``min_size`` trajectories were added (:attr:`num_added`, as RLinf counts: a buffer
+        that evicts is ready as soon as that many went through it, not only once it holds them).
 
         Raises:
-            InvalidArgumentError: ``min_size`` is more than the buffer ever keeps (:attr:`keep`), so the answer
-                would stay ``False`` forever (a wait on it would hang).
+            InvalidArgumentError: ``min_size`` is not an integer.
         """
-        if self.keep is not None and isinstance(min_size, int) and min_size > self.keep:
-            raise InvalidArgumentError(
-                f"is_ready({min_size}): this buffer keeps only the newest {self.keep} trajectories (its "
-                "sample_window_size, without save_trajectories or capacity), so it can never hold that many; "
-                "pass capacity= or save_trajectories=True to keep more"
-            )
-        return len(self) >= min_size
+        try:
+            wanted = operator.index(min_size)
+        except TypeError:
+            raise InvalidArgumentError(f"min_size must be an int, got {min_size!r}") from None
+        return self._added >= wanted
 
     async def is_ready_async(self, min_size: int) -> bool:
         """:meth:`is_ready`, awaitable (RLinf's async trainers poll it)."""
@@ -259,6 +286,7 @@ class TrajectoryReplayBuffer:
             for flat, schema, pairs, n in ready:
                 self._store(table, flat, schema, pairs, n, self._counter, persist=True)
                 self._counter += 1
+                self._added += 1
             self._version += 1
 
     def _store(
@@ -346,6 +374,7 @@ class TrajectoryReplayBuffer:
             self._holder[0] = Table(self.capacity, self.storing_device, self.keep)
             old.rows.close()
             self._counter = 0
+            self._added = 0
             self._version += 1
             if self._writer is not None:
                 self._writer.reset([])
@@ -414,6 +443,7 @@ class TrajectoryReplayBuffer:
         table = checkpoint.read_table(folder, kept, self.capacity, self.storing_device, self.allow_pickle, self.keep)
         old, self._holder[0] = self._holder[0], table
         old.rows.close()
+        self._added = len(entries)
         ids = [e.trajectory_id for e in entries]
         counter = folder.metadata.get("trajectory_counter", 0) if len(entries) == len(folder.entries) else 0
         self._counter = max(counter if isinstance(counter, int) else 0, max(ids, default=-1) + 1)

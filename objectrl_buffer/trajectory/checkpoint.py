@@ -22,9 +22,12 @@ __all__ = ["write_folder", "check_rank", "rank_share", "read_table"]
 def write_folder(path: str, table: Table, fmt: str, seed: Any) -> None:
     """Write every trajectory of ``table`` to the folder ``path``: files first, then index and metadata."""
     os.makedirs(path, exist_ok=True)
+    written = []
     for i, entry in enumerate(table.entries):
-        name = files.file_name(entry.trajectory_id, entry.model_weights_id, fmt)
-        files.write_payload(os.path.join(path, name), table.payload(i), fmt)
+        name = os.path.join(path, files.file_name(entry.trajectory_id, entry.model_weights_id, fmt))
+        files.write_payload(name, table.payload(i), fmt, durable=False)
+        written.append(name)
+    files.sync_files(path, written)  # all durable (the kernel wrote most back meanwhile), then the index
     files.write_index(path, list(table.entries), fmt, seed)
 
 

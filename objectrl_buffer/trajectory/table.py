@@ -27,8 +27,10 @@ class Table:
         capacity: transitions kept at most (a ring of rows), or ``None``.
         device: the storing device.
         keep: trajectories kept at most (``None``: no limit). Without ``capacity`` the rows are then kept in
-            process memory, in chunks of about an eighth of the first ``keep`` trajectories (at most
-            :data:`~objectrl_buffer.trajectory.rows.CHUNK_BYTES`) that are reused as the oldest rows go.
+            process memory, in chunks that are reused as the oldest rows go: an eighth of ``keep`` times the
+            first trajectory's rows, at least that trajectory and 64 rows, at most
+            :data:`~objectrl_buffer.trajectory.rows.CHUNK_BYTES` (or one row). Memory is then the kept rows
+            plus at most two chunks (one being filled, one spare): at most ~3x the kept rows for small windows.
     """
 
     def __init__(self, capacity: int | None, device: torch.device, keep: int | None = None) -> None:
@@ -46,7 +48,8 @@ class Table:
         rows = self.rows
         keep = self.keep
         if keep is not None and rows.chunk_rows is None and rows.capacity is None:  # the first trajectory
-            rows.chunk_rows = max(4096, min(CHUNK_BYTES // max(schema.row_bytes, 1), keep * n // 8))
+            wanted = max(keep * n // 8, n, 64)
+            rows.chunk_rows = max(1, min(CHUNK_BYTES // max(schema.row_bytes, 1), wanted))
         while rows.free < n or (keep is not None and len(self.entries) >= keep):
             old = self.entries.pop(0)
             self.firsts.pop(0)

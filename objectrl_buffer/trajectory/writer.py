@@ -44,6 +44,7 @@ class TrajectoryWriter:
         self.seed = seed
         self.entries: list[Entry] = list(entries or [])  # what the published index names (writer thread only)
         self._doomed: list[str] = []  # files of dropped trajectories, deleted once the index no longer names them
+        self._unsynced: list[str] = []  # files written since the last index, synced just before the next
         self._dirty = False
         self._published = time.monotonic()
         self._publish_cost = 0.0  # seconds the last index rewrite took
@@ -106,6 +107,8 @@ class TrajectoryWriter:
 
     def _publish(self) -> None:
         start = time.monotonic()
+        unsynced, self._unsynced = self._unsynced, []
+        files.sync_files(self.folder, unsynced)  # durable before the index names them
         files.write_index(self.folder, self.entries, self.fmt, self.seed)
         self._published = time.monotonic()
         self._publish_cost = self._published - start
@@ -122,7 +125,8 @@ class TrajectoryWriter:
                 path = os.path.join(self.folder, files.file_name(entry.trajectory_id, entry.model_weights_id, self.fmt))
                 if path in self._doomed:  # an evicted file of the same name (ids restart after a clear)
                     self._doomed.remove(path)
-                files.write_payload(path, payload, self.fmt)
+                files.write_payload(path, payload, self.fmt, durable=False)
+                self._unsynced.append(path)
                 self.entries.append(entry)
             finally:
                 self._release(nbytes)

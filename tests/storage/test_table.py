@@ -112,3 +112,30 @@ def test_make_tensordict_builds_nested_keys() -> None:
     td = make_tensordict({"a": torch.zeros(2), ("o", "p"): torch.ones(2, 3)}, torch.Size([2]), CPU)
     assert isinstance(td, TensorDict) and td.batch_size == (2,)
     assert td["o", "p"].shape == (2, 3) and td["a"].shape == (2,)
+
+
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_write_rows_stores_lazy_conjugate_and_negative_views_resolved(in_memory: bool) -> None:
+    """Batched rows are stored through NumPy where they can be; torch's lazy conj/neg views cannot be seen
+    by NumPy, so they are resolved by torch instead (the values stored are the resolved ones)."""
+    storage = TransitionStorage(8, torch.device("cpu"), in_memory=in_memory)
+    z = torch.randn(6, 2, dtype=torch.complex64)
+    schema, _ = Schema.infer({"z": z}, 1)
+    storage.initialize(schema, {"z": z[0]})
+    try:
+        for lo, value in ((0, z.conj()), (3, torch._neg_view(torch.randn(3, 2, dtype=torch.complex64)))):
+            assert value.is_conj() or value.is_neg()
+            storage.write_rows(lo, [(schema.fields[0], value)], 0, 3)
+            assert torch.equal(storage.gather(torch.arange(lo, lo + 3))["z"], value[:3].resolve_conj().resolve_neg())
+    finally:
+        storage.close()
+
+
+def test_an_in_memory_storage_takes_no_directory(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ValueError, match="in_memory"):
+        TransitionStorage(8, torch.device("cpu"), tmp_path, in_memory=True)
+    storage = TransitionStorage(8, torch.device("cpu"), in_memory=True)
+    schema, _ = Schema.infer({"x": torch.zeros(2, 3)}, 1)
+    storage.initialize(schema, {"x": torch.zeros(3)})
+    assert storage.folder is None and not list(tmp_path.iterdir())
+    storage.close()

@@ -197,7 +197,7 @@ def test_a_writer_failure_is_raised_by_flush_add_and_close(
 ) -> None:
     from objectrl_buffer.trajectory import files
 
-    def full(*args: Any) -> None:
+    def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(28, "No space left on device")
 
     rb = make(seed=0, storage_dir=str(tmp_path), save_trajectories=True)
@@ -236,3 +236,44 @@ def test_save_checkpoint_into_the_own_folder_is_a_flush(make: Any, tmp_path: Pat
     rb.save_checkpoint(str(copy))
     assert sorted(os.listdir(copy)) == sorted(before)
     shutil.rmtree(copy)
+
+
+@pytest.mark.parametrize("how", ["background", "save_checkpoint"])
+def test_every_file_an_index_names_was_synced_before_that_index_was_written(
+    make: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Files are written without an fsync each and synced in a batch, so a power cut must still find every
+    file the (durable) index names: the log of fsyncs and index writes shows each named file synced first."""
+    from objectrl_buffer.checkpoint import io
+    from objectrl_buffer.trajectory import files
+
+    synced: set[str] = set()
+    unsynced_names: list[tuple[str, list[str]]] = []
+    real_fsync, real_index = io.fsync_path, files.write_index
+
+    def fsync(path: str) -> None:
+        synced.add(os.path.realpath(path))
+        real_fsync(path)
+
+    def write_index(folder: str, entries: list[Any], fmt: str, seed: Any, **kw: Any) -> None:
+        named = [
+            os.path.realpath(os.path.join(folder, files.file_name(e.trajectory_id, e.model_weights_id, fmt)))
+            for e in entries
+        ]
+        unsynced_names.append((folder, [p for p in named if p not in synced]))
+        real_index(folder, entries, fmt, seed, **kw)
+
+    monkeypatch.setattr(files, "fsync_path", fsync)
+    monkeypatch.setattr(files, "write_index", write_index)
+    folder = tmp_path / "out"
+    if how == "background":
+        rb = make(seed=0, save_trajectories=True, storage_dir=str(folder))
+        for m in range(12):
+            rb.add_trajectories([marked(m)])
+        rb.flush()
+    else:
+        rb = make(seed=0, sample_window_size=0)
+        rb.add_trajectories([marked(m) for m in range(12)])
+        rb.save_checkpoint(str(folder))
+    assert unsynced_names and all(not missing for _, missing in unsynced_names), unsynced_names
+    assert len(list(folder.glob("trajectory_*.pt"))) == 12
