@@ -63,7 +63,10 @@ class Table:
         return first, evicted
 
     def payload(self, i: int) -> dict[str, Any]:
-        """The file payload of the ``i``-th stored trajectory, from storage (CPU tensors)."""
+        """The file payload of the ``i``-th stored trajectory, from storage (CPU tensors).
+
+        Copies, never views: ``torch.save`` writes a view's whole storage (a 256 MB chunk per file), and a
+        ring may rewrite the rows before the writer thread gets to them."""
         entry = self.entries[i]
         rows = {k: v.cpu() for k, v in self.rows.read(self.firsts[i], entry.num_samples).items()}
         return to_payload(entry.shape, entry.max_episode_length, entry.model_weights_id, rows)
