@@ -9,6 +9,8 @@ close to a single raw write + fsync of the same bytes (measured in ``benchmarks/
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import os
 import secrets
@@ -26,6 +28,7 @@ from objectrl_buffer.errors import CheckpointError
 
 __all__ = [
     "fsync_path",
+    "start_writeback",
     "atomic_write",
     "file_kind",
     "open_regular",
@@ -49,6 +52,31 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
+def _load_sync_file_range() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        function = libc.sync_file_range
+    except (OSError, AttributeError):  # not Linux/glibc: start_writeback does nothing
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+_sync_file_range = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(fd: int) -> None:
+    """Start writing ``fd``'s dirty pages to the disk, without waiting (Linux ``sync_file_range``; elsewhere a
+    no-op). A writer of many files that fsyncs them in a batch then overlaps the disk with its next files
+    instead of finding them all dirty at the batch (the kernel itself starts only past
+    ``dirty_background_ratio`` of RAM, or after 30 s): the trajectory writer's files reach the disk ~25%
+    sooner on a 2-core VM (``benchmarks/README.md``)."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # best effort: the fsync that follows is the guarantee
+
+
 def _new_temp_file(folder: str, name: str) -> tuple[int, str]:
     """A new, empty ``<name>.<random>.tmp`` in ``folder`` opened for writing: ``(fd, path)``.
 
@@ -69,10 +97,10 @@ def atomic_write(target: str, write: Callable[[BinaryIO], None], *, durable: boo
     """Write ``target`` via a temp file in its folder, fsync, ``os.replace``, fsync of the folder.
 
     A crash at any moment leaves either the old ``target`` or the new one, never a partial file.
-    ``durable=False`` skips both fsyncs: a killed process still leaves the old file or the whole new one
-    (the page cache outlives it), and the caller makes a batch of such files durable at once (:func:`fsync_path`
-    on each, then on the folder) before anything that names them is written: one disk flush per batch
-    instead of two per file.
+    ``durable=False`` skips both fsyncs (and starts the file's writeback, :func:`start_writeback`): a killed
+    process still leaves the old file or the whole new one (the page cache outlives it), and the caller makes a
+    batch of such files durable at once (:func:`fsync_path` on each, then on the folder) before anything that
+    names them is written: one disk flush per batch instead of two per file.
     The file gets the mode of any new file (``0o666`` less the user's umask), not ``mkstemp``'s 0600.
     ``OSError`` is wrapped in :class:`CheckpointError` naming ``target``.
     """
@@ -85,6 +113,8 @@ def atomic_write(target: str, write: Callable[[BinaryIO], None], *, durable: boo
             f.flush()
             if durable:
                 os.fsync(f.fileno())
+            else:
+                start_writeback(f.fileno())
         os.replace(tmp, target)
         tmp = None
         if durable:

@@ -41,3 +41,23 @@ def test_the_metadata_file_is_readable_by_the_group_under_umask_022(tmp_path: Pa
     finally:
         rb.close()
     assert stat.S_IMODE((tmp_path / "run.metadata").stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_atomic_write_syncs_unless_the_caller_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    """durable=True: fsync of the file and of its folder; durable=False: none (the caller syncs a batch
+    later), the file's writeback started instead. The file is whole and in place either way."""
+    from objectrl_buffer.checkpoint import io
+
+    fsyncs: list[int] = []
+    started: list[int] = []
+    real_fsync, real_start = os.fsync, io.start_writeback
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    monkeypatch.setattr(io, "start_writeback", lambda fd: (started.append(fd), real_start(fd))[1])
+    target = tmp_path / "f.bin"
+    io.atomic_write(str(target), lambda f: f.write(b"x" * 100_000), durable=durable)
+    assert target.read_bytes() == b"x" * 100_000 and [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+    assert (len(fsyncs), len(started)) == ((2, 0) if durable else (0, 1))
+    io.start_writeback(-1)  # best effort: a bad descriptor is not an error
