@@ -42,7 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--lam", type=float, default=0.95)
     p.add_argument("--clip", type=float, default=0.2)
-    p.add_argument("--capacity", type=int, default=None, help="transitions kept (default: unbounded)")
+    p.add_argument(
+        "--capacity",
+        type=int,
+        default=None,
+        help="transitions kept (default: the newest --window rollouts; every one with --storage-dir or --window 0)",
+    )
     p.add_argument("--storage-dir", default=None, help="persist rollouts here (RLinf's folder format)")
     return p.parse_args(argv)
 
