@@ -43,11 +43,6 @@ def loaded_script(path: Path, name: str) -> Iterator[ModuleType]:
         sys.modules.pop(name, None)
 
 
-
-
-
-
-
 OBS_DIM = 4
 ACT_DIM = 2
 #: Keys of a transition as ObjectRL's base agent stores it (PPO adds ``PPO_KEYS``).
@@ -145,12 +140,7 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-
 # ---------------------------------------------------------------- checkpoint tests
-
-
-
-
 
 
 # What ObjectRL transitions carry (state/action/next_state float32, reward as a Python float ->

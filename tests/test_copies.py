@@ -115,7 +115,11 @@ def test_copy_written_and_never_closed_leaves_no_folder_at_exit(tmp_path: Any, w
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     out = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path) if where == "storage_dir" else ""],
-        capture_output=True, text=True, timeout=120, env=env, check=True
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=True,
     )
     folder = out.stdout.strip()
     assert folder.startswith("/") and not os.path.exists(folder)

@@ -43,7 +43,7 @@ from objectrl_buffer.errors import ClosedBufferError, EmptyBufferError, InvalidA
 from objectrl_buffer.storage.table import make_tensordict
 from objectrl_buffer.trajectory import checkpoint, files
 from objectrl_buffer.trajectory.files import Entry
-from objectrl_buffer.trajectory.rows import Pairs
+from objectrl_buffer.trajectory.rows import Pairs, RowStore
 from objectrl_buffer.trajectory.table import Table, shutdown
 from objectrl_buffer.trajectory.trajectory import Flat, Trajectory, flatten
 from objectrl_buffer.trajectory.writer import TrajectoryWriter
@@ -203,6 +203,11 @@ class TrajectoryReplayBuffer:
                 "save_trajectories=True to sample from more"
             )
         self._window_size = value
+
+    @property
+    def rows(self) -> RowStore:
+        """Where the stored trajectories' rows live (for inspection: chunks, spare; do not write to it)."""
+        return self._table.rows
 
     @property
     def num_added(self) -> int:

@@ -39,4 +39,3 @@ def test_a_v1_prioritized_checkpoint_keeps_priorities_and_settings() -> None:
     assert per.max_priority == 3.0
     assert per.sample_batch(4)["index"].tolist() == [2, 4, 0, 5]
     per.close()
-

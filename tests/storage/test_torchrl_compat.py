@@ -12,9 +12,7 @@ from objectrl_buffer.storage import torchrl_compat
 
 def test_every_private_attribute_we_use_is_still_there() -> None:
     missing = torchrl_compat.missing_internals()
-    assert missing == [], (
-        f"this torchrl/tensordict lacks {missing}: update objectrl_buffer/storage/torchrl_compat.py"
-    )
+    assert missing == [], f"this torchrl/tensordict lacks {missing}: update objectrl_buffer/storage/torchrl_compat.py"
 
 
 def test_plain_items_is_the_tensordicts_own_mapping() -> None:

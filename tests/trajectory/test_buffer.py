@@ -234,7 +234,7 @@ def test_without_saving_only_the_window_is_kept_and_samples_match_a_buffer_keepi
         assert windowed.total_samples == 512 * min(m + 1, 3) and len(keeping) == m + 1
         a, b = windowed.sample(300), keeping.sample(300)
         assert all(torch.equal(a[k], b[k]) for k in b.keys(include_nested=True, leaves_only=True))
-        rows = windowed._table.rows
+        rows = windowed.rows
         assert rows.chunk_rows == 512  # the first trajectory (more than 3 * 512 // 8 and 64 rows)
         assert len(rows.chunks) <= 4  # 3 * 512 kept rows span at most 4 chunks of 512
         seen_chunks.update(id(c) for c in rows.chunks)

@@ -229,24 +229,20 @@ def test_chunks_whose_rows_were_all_dropped_are_reused_and_memory_stays_bounded(
     never exceed what the kept rows span plus one."""
     rows = RowStore(None, torch.device("cpu"), 16, in_memory=in_memory)
     kept: list[tuple[int, int, int]] = []  # (trajectory, first address, rows), oldest first
-    made: list[int] = []
-    real_new = rows._new_chunk
-
-    def spy(schema: Schema, pairs: Any) -> Any:
-        reused = rows.spare
-        made.append(0 if reused is not None else 1)
-        storage = real_new(schema, pairs)
-        assert reused is None or storage is reused
-        return storage
-
-    rows._new_chunk = spy  # type: ignore[method-assign]
+    reused = 0
     try:
         for m, n in enumerate(sizes):
             schema, pairs, k = rows.prepare(rows_of(m, n), rows.schema)
             while len(kept) >= keep:
                 _, _, old = kept.pop(0)
                 rows.drop_oldest(old)
+            spare, before = rows.spare, {id(c) for c in rows.chunks}
             kept.append((m, rows.append(schema, pairs, k), k))
+            new_chunks = [c for c in rows.chunks if id(c) not in before]
+            if spare is not None and new_chunks:
+                assert new_chunks[0] is spare, "the spare is the next chunk"
+                reused += 1
+            assert rows.spare is None or all(rows.spare is not c for c in rows.chunks)
             for j, first, length in kept:
                 assert_rows(rows, first, j, length)
             live = sum(length for _, _, length in kept)
@@ -263,7 +259,7 @@ def test_chunks_whose_rows_were_all_dropped_are_reused_and_memory_stays_bounded(
             assert torch.equal(got[key], torch.stack(want)), key
         total_rows = sum(sizes)
         if total_rows > 3 * 16 * (keep * 50 // 16 + 2):  # far more rows than the kept ones ever span
-            assert made.count(0) > 0, "a chunk whose rows were all dropped is reused"
+            assert reused > 0, "a chunk whose rows were all dropped is reused"
     finally:
         rows.close()
     assert rows.chunks == [] and rows.spare is None and rows.closed
