@@ -585,10 +585,16 @@ class Writer:
     def add(self, transition: TensorDictBase | Mapping[str, Any]) -> None:
         """Queue one transition (sent with the next batch).
 
+        An earlier batch's refusal (a :class:`~objectrl_buffer.errors.SchemaError` from the shard, say) is
+        raised by the add whose full batch could not be sent because of it; that add's row is queued all the
+        same, and the batch goes with the next add or :meth:`flush`: no row is lost or added twice.
+
         Raises:
             InvalidArgumentError: its keys differ from the first row's. SchemaError: a value does not fit the
             first row's schema (named). Nothing is queued then.
         """
+        if self.filled >= self.batch_size:  # a full batch whose send failed: it goes first
+            self._send()
         i = self.filled
         if not self.write_row(transition, i):
             self._add_checked(transition, i)
@@ -682,8 +688,8 @@ class Writer:
         self.batch, self.write_row, self.filled = None, _declined, 0
         try:  # sent first: the wait for room in flight frees a set to fill next (max_in_flight + 1 sets in all)
             self._dispatch(full.rows(n), full)
-        except BaseException:
-            self.spare.append(full)  # not sent (refused with an earlier batch's error)
+        except BaseException:  # not sent (an earlier batch's error): kept pending, sent by the next send
+            self.batch, self.write_row, self.filled = full, full.write_row, n
             raise
         self.batch = self.spare.pop() if self.spare else self._new_set()
         self.write_row = self.batch.write_row

@@ -244,6 +244,28 @@ def test_a_shard_that_cannot_see_the_writers_files_gets_the_rows_through_ray(loc
     remote.kill()
 
 
+def test_a_refused_batch_surfaces_and_the_pending_rows_go_with_the_next_send(local_ray: None, tmp_path: Any) -> None:
+    """A batch the shard refuses surfaces at the send after it. The rows of that send stay pending (the add
+    that raised had queued its row) and go with the next add: every single-added row stored once, in order,
+    and no column set made beyond ``max_in_flight + 1`` (the writer's /dev/shm budget)."""
+    remote = launch(ReplayBuffer, 1000, 1, tmp_path)
+    data = rows(0, 20)
+    with remote.writer(batch_size=4, flush_every_s=100, max_in_flight=1) as writer:
+        for i in range(4):
+            writer.add({k: v[i] for k, v in data.items()})  # the first batch, on its way
+        writer.add_batch({"other": np.zeros((2, 3), np.float32)})  # refused by the shard: keys it lacks
+        for i in range(4, 7):
+            writer.add({k: v[i] for k, v in data.items()})
+        with pytest.raises(SchemaError):
+            writer.add({k: v[7] for k, v in data.items()})  # fills the batch; its send meets the refusal
+        for i in range(8, 20):
+            writer.add({k: v[i] for k, v in data.items()})
+            assert writer.sets <= 2, writer.sets
+        assert writer.folder is not None  # the sets are files (same node): what the budget is about
+    assert shard_steps(remote) == list(range(20))
+    remote.kill()
+
+
 def shard_steps(remote: RemoteBuffer) -> list[int]:
     """The transition ids the shards hold (``rows``'s ``step`` // 1000), sorted."""
     return sorted(int(s) // 1000 for part in remote.call("sample_all") for s in part["step"].reshape(-1).tolist())
