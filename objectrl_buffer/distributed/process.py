@@ -263,6 +263,9 @@ def become_shared(buffer: Any) -> None:
     if is_shared(buffer):
         return
     _check(buffer)
+    limiter = getattr(buffer, "rate_limiter", None)
+    if limiter is not None:  # its counters go with the rows: every process admits by the same counts
+        limiter.share()
     held = len(buffer)
     start = buffer.pointer if held == buffer.buffer_size else 0  # the rows keep their slots
     shared: SharedBuffer
