@@ -12,7 +12,8 @@ the parent's counters (and the parent's later writes would overwrite the child's
   nests them, a ``Pool``'s ``initargs`` too), a bound target's object and its attributes
   (``target=worker.run``), and the attributes of a ``Process`` subclass. Sharing copies the rows into
   ``/dev/shm`` once (O(rows)) and switches the parent to the shared write path
-  (:mod:`objectrl_buffer.distributed.process`).
+  (:mod:`objectrl_buffer.distributed.process`); a buffer's rate limiter shares its counters with it, and so
+  does a bare :class:`~objectrl_buffer.flow.RateLimiter` the ``Process`` holds (as its pickle would).
 * **Merely inherited, it is read-only.** Every other live buffer (the forks a user does not think of:
   DataLoader workers, gymnasium's ``AsyncVectorEnv``, a library's helper process) is made read-only in the
   child at the fork itself: its writes raise :class:`~objectrl_buffer.errors.ForkedBufferError`, reads see

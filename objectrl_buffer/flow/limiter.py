@@ -129,7 +129,8 @@ class RateLimiter:
         # one lock object for the limiter's life: share() switches it to exclude other processes too, under
         # the threads waiting on the condition
         self._lock = ProcessRLock(self._shared)
-        self._cond = threading.Condition(self._lock)
+        lock: Any = self._lock  # a threading.Condition takes any lock with its protocol
+        self._cond = threading.Condition(lock)
         if self._shared is None:
             _UNSHARED.add(self)
         self._poll_s = _POLL_S if self._shared is None else _SHARED_POLL_S
@@ -177,11 +178,16 @@ class RateLimiter:
 
     # ------------------------------------------------------------------ non-blocking
     def try_insert(self, n: int = 1) -> bool:
-        """Count ``n`` inserts if admitted now; ``False`` (nothing counted) otherwise."""
+        """Count ``n`` inserts if admitted now; ``False`` (nothing counted) otherwise.
+
+        Raises:
+            InvalidArgumentError: ``n`` not a positive int, or ``inserts + n`` past :data:`MAX_COUNT` (checked
+                under the lock that every process sharing the counters takes; nothing counted).
+        """
         return self._try(n, inserting=True)
 
     def try_sample(self, n: int = 1) -> bool:
-        """Count ``n`` samples if admitted now; ``False`` (nothing counted) otherwise."""
+        """Count ``n`` samples if admitted now; ``False`` (nothing counted) otherwise. Raises as :meth:`try_insert`."""
         return self._try(n, inserting=False)
 
     def _try(self, n: int, inserting: bool) -> bool:
@@ -205,6 +211,7 @@ class RateLimiter:
         Raises:
             RateLimitTimeout: not admitted within ``timeout`` seconds (nothing counted).
             RateLimitDeadlock: it could never be admitted (see the module docs; nothing counted).
+            InvalidArgumentError: as :meth:`try_insert`.
         """
         with self.inserting(n, timeout):
             pass

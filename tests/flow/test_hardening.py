@@ -7,6 +7,7 @@ Every forked child here has a deadline: on code that gets it wrong the test fail
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import threading
 import time
@@ -91,10 +92,8 @@ def test_fork_writers_share_the_limiter_of_the_buffer_handed_over(children: list
     diffs = []
     deadline = time.monotonic() + 10
     while any(p.is_alive() for p in children) and time.monotonic() < deadline:
-        try:
+        with contextlib.suppress(RateLimitTimeout):
             rb.sample_batch(2, timeout=0.05)  # the parent's samples unblock the children
-        except RateLimitTimeout:
-            pass
         inserts, samples, _ = counts(limiter)
         diffs.append(inserts - samples)
     results = [out.get() for _ in children]
