@@ -126,9 +126,7 @@ class RateLimiter:
     deletes = property(lambda self: int(self._counts[2]), lambda self, v: self._counts.__setitem__(2, v))
 
     def _init_sync(self) -> None:
-        # one lock object for the limiter's life: share() switches it to exclude other processes too, under
-        # the threads waiting on the condition
-        self._lock = ProcessRLock(self._shared)
+        self._lock = ProcessRLock(self._shared)  # share() makes it exclude processes too, under its waiters
         lock: Any = self._lock  # a threading.Condition takes any lock with its protocol
         self._cond = threading.Condition(lock)
         if self._shared is None:
@@ -244,14 +242,12 @@ class RateLimiter:
             self._changed()
 
     def delete(self, n: int, *, clamp: bool = False) -> int:
-        """Count ``n`` rows evicted (a full ring overwrote them); ``n >= 0``. Returns the deletes counted.
-
-        ``clamp``: count at most :attr:`size` (what a buffer's gate passes: rows the limiter never counted,
-        such as those held before it was attached or reset, are not its to delete).
+        """Count ``n >= 0`` rows evicted (a full ring overwrote them); return the deletes counted. ``clamp``
+        (a buffer's gate): count at most :attr:`size` (rows the limiter never counted are not its to delete).
 
         Raises:
-            InvalidArgumentError: ``n`` is more than :attr:`size` (``inserts - deletes``) without ``clamp``:
-                nothing counted (``deletes > inserts`` would make every later checkpoint unloadable).
+            InvalidArgumentError: ``n > size`` without ``clamp`` (nothing counted: ``deletes > inserts``
+                would make every later checkpoint unloadable).
         """
         n = _count(n, "n")
         if not n:
@@ -359,7 +355,6 @@ class RateLimiter:
         self._blocked[me] = self._blocked.get(me, 0) + 1
         try:
             while not can(n):
-                self._check_room(n, inserting)  # other processes may have moved the counters meanwhile
                 now = time.monotonic()
                 if self.deadlock_after_s is not None and self._shared is None and self._stuck(me):
                     stuck_since = now if stuck_since is None else stuck_since
@@ -377,7 +372,7 @@ class RateLimiter:
             self._blocked[me] -= 1
             if not self._blocked[me]:
                 del self._blocked[me]
-        self._check_room(n, inserting)
+        self._check_room(n, inserting)  # again once admitted: other processes move shared counters meanwhile
 
     def _counters(self) -> str:
         return f"inserts={self.inserts}, samples={self.samples}, deletes={self.deletes}, diff={self.diff:g}"
@@ -468,12 +463,11 @@ class RateLimiter:
         self._init_sync()
 
     def share(self) -> str:
-        """Move the counters into a shared file (once; at the first hand-over to a child process, under any
-        start method, or when a buffer holding it becomes shared) and return its path. From then on every
-        process holding this limiter moves and reads the same counters under a lock the kernel frees if its
-        holder dies; blocked calls poll every ~2 ms, and the deadlock rule is off (parties in other
-        processes are not seen: give blocking calls a ``timeout``). Threads of this process blocked in a
-        call meanwhile carry on under the shared counters."""
+        """Move the counters into a shared file (once: at the first hand-over to a child process, or when its
+        buffer becomes shared) and return its path. From then on every process holding this limiter moves
+        and reads the same counters under a lock the kernel frees if its holder dies; blocked calls (those
+        already waiting too) poll every ~2 ms, and the deadlock rule is off (parties in other processes are
+        not seen: give blocking calls a ``timeout``)."""
         with self._cond:
             if self._shared is None:
                 folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
