@@ -12,7 +12,8 @@ the parent's counters (and the parent's later writes would overwrite the child's
   nests them, a ``Pool``'s ``initargs`` too), a bound target's object and its attributes
   (``target=worker.run``), and the attributes of a ``Process`` subclass. Sharing copies the rows into
   ``/dev/shm`` once (O(rows)) and switches the parent to the shared write path
-  (:mod:`objectrl_buffer.distributed.process`).
+  (:mod:`objectrl_buffer.distributed.process`); a buffer's rate limiter shares its counters with it, and so
+  does a bare :class:`~objectrl_buffer.flow.RateLimiter` the ``Process`` holds (as its pickle would).
 * **Merely inherited, it is read-only.** Every other live buffer (the forks a user does not think of:
   DataLoader workers, gymnasium's ``AsyncVectorEnv``, a library's helper process) is made read-only in the
   child at the fork itself: its writes raise :class:`~objectrl_buffer.errors.ForkedBufferError`, reads see
@@ -93,10 +94,11 @@ def _forking_process() -> Any:
     return None
 
 
-def _handed_over(process: Any) -> list[ReplayBuffer]:
-    """The live buffers among the values ``process`` holds (see the module docs), each once."""
-    live = {id(rb): rb for rb in _LIVE}
-    found: dict[int, ReplayBuffer] = {}
+def _handed_over(process: Any, candidates: list[Any]) -> list[Any]:
+    """The ``candidates`` (live buffers, unshared rate limiters) among the values ``process`` holds (see the
+    module docs), each once."""
+    live = {id(obj): obj for obj in candidates}
+    found: dict[int, Any] = {}
     stack = [(value, 0) for value in vars(process).values()]
     budget = _BUDGET
     while stack and budget:
@@ -118,18 +120,32 @@ def _handed_over(process: Any) -> list[ReplayBuffer]:
     return list(found.values())
 
 
+def _unshared_limiters() -> list[Any]:
+    """This process's rate limiters whose counters are not shared yet (none if ``flow`` was never imported)."""
+    module = sys.modules.get("objectrl_buffer.flow.limiter")
+    return [] if module is None else module.unshared()
+
+
 def _share_handed_over() -> None:
-    if not _LIVE:
-        return  # the usual fork: no buffer in this process
+    limiters = _unshared_limiters()
+    if not _LIVE and not limiters:
+        return  # the usual fork: no buffer or rate limiter in this process
     process = _forking_process()
     if process is None:
         return
-    from objectrl_buffer.distributed.process import become_shared
-
-    failed = []
-    for rb in _handed_over(process):
+    found = _handed_over(process, [*_LIVE, *limiters])
+    bare = {id(limiter) for limiter in limiters}
+    failed, unshared = [], []
+    for limiter in (obj for obj in found if id(obj) in bare):  # as its pickle does: the child shares the counters
+        try:
+            limiter.share()
+        except Exception as exc:
+            unshared.append(f"{type(limiter).__name__} ({type(exc).__name__}: {exc})")
+    for rb in (obj for obj in found if id(obj) not in bare):
         if "shared" in rb.__dict__ or "forked_from" in rb.__dict__ or rb.engine.storage.closed:
             continue
+        from objectrl_buffer.distributed.process import become_shared  # a buffer's rate limiter goes with it
+
         rb.__dict__.pop("share_failed", None)
         try:
             become_shared(rb)
@@ -140,6 +156,13 @@ def _share_handed_over() -> None:
         warnings.warn(
             f"handed to a fork child but could not be shared: {'; '.join(failed)}; the child may read them but "
             "their writes raise ForkedBufferError",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    if unshared:
+        warnings.warn(
+            f"rate limiters handed to a fork child but whose counters could not be shared: {'; '.join(unshared)}; "
+            "the child counts on its own copy",
             RuntimeWarning,
             stacklevel=2,
         )

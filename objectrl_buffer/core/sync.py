@@ -124,23 +124,42 @@ class ProcessRLock:
     """A re-entrant lock that also excludes other processes: a thread's outermost hold takes a
     :class:`FileLock` on ``path`` (the kernel frees it if the process dies). Usable by
     :class:`threading.Condition`, whose ``wait`` releases it fully (other processes do not ``notify``:
-    waiters poll with a timeout)."""
+    waiters poll with a timeout).
 
-    def __init__(self, path: str) -> None:
+    ``path=None``: a plain thread lock until :meth:`use_file` (the same object, so a ``Condition`` built on
+    it and the threads waiting there carry on). In a fork child, a hold by a thread that the fork left
+    behind is dropped (only the forking thread lives on there; its own hold is kept).
+    """
+
+    def __init__(self, path: str | None) -> None:
         self.path = path
         self.rlock = threading.RLock()
-        self.file = FileLock(path)
+        self.file: FileLock | None = None if path is None else FileLock(path)
         self.depth = 0
         self.owner = 0
+        _PROCESS_LOCKS.add(self)
+
+    def use_file(self, path: str) -> None:
+        """From now on also exclude other processes through a :class:`FileLock` on ``path``; the calling
+        thread must hold this lock (its hold then takes the file lock too), or nobody may."""
+        if self.file is not None:
+            raise RuntimeError(f"ProcessRLock already uses {self.path!r}")
+        file = FileLock(path)
+        if self.depth:
+            if self.owner != threading.get_ident():
+                raise RuntimeError("use_file() while another thread holds the lock")
+            file.acquire()
+        self.path, self.file = path, file
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         self.rlock.acquire()
         if self.depth == 0:
-            try:
-                self.file.acquire()
-            except BaseException:
-                self.rlock.release()
-                raise
+            if self.file is not None:
+                try:
+                    self.file.acquire()
+                except BaseException:
+                    self.rlock.release()
+                    raise
             self.owner = threading.get_ident()
         self.depth += 1
         return True
@@ -149,7 +168,8 @@ class ProcessRLock:
         self.depth -= 1
         if self.depth == 0:
             self.owner = 0
-            self.file.release()
+            if self.file is not None:
+                self.file.release()
         self.rlock.release()
 
     __enter__ = acquire
@@ -160,7 +180,8 @@ class ProcessRLock:
     # what threading.Condition uses when the lock has it (a full release around wait)
     def _release_save(self) -> int:
         depth, self.depth, self.owner = self.depth, 0, 0
-        self.file.release()
+        if self.file is not None:
+            self.file.release()
         for _ in range(depth):
             self.rlock.release()
         return depth
@@ -168,8 +189,26 @@ class ProcessRLock:
     def _acquire_restore(self, depth: int) -> None:
         for _ in range(depth):
             self.rlock.acquire()
-        self.file.acquire()
+        if self.file is not None:
+            self.file.acquire()
         self.depth, self.owner = depth, threading.get_ident()
 
     def _is_owned(self) -> bool:
         return self.depth > 0 and self.owner == threading.get_ident()
+
+    def forget_other_threads(self) -> None:
+        """In a fork child: drop a hold of a thread the fork left behind (it can never release it)."""
+        if self.owner != threading.get_ident():  # not held, held by a lost thread, or being taken by one
+            self.rlock = threading.RLock()
+            self.depth = self.owner = 0
+
+
+_PROCESS_LOCKS: weakref.WeakSet[ProcessRLock] = weakref.WeakSet()
+
+
+def _forget_other_threads() -> None:
+    for lock in list(_PROCESS_LOCKS):
+        lock.forget_other_threads()
+
+
+os.register_at_fork(after_in_child=_forget_other_threads)

@@ -6,7 +6,8 @@ Only ``multiprocessing``'s own pickler (``ForkingPickler``: ``Process`` argument
 
 At the first such pickle the buffer *becomes shared*, in place: its rows move into a
 :class:`~objectrl_buffer.distributed.shared.SharedBuffer` (files in ``/dev/shm``; one copy of every row,
-O(rows): ~1 s per GB), it keeps its slots, counters and generator, and from then on its ``add``,
+O(rows): ~1 s per GB), it keeps its slots, counters and generator (its ``rate_limiter``'s counters move to
+shared memory too: every process admits by the same counts), and from then on its ``add``,
 ``add_batch``, ``sample_batch``, ``len``, ``pointer`` and ``data_size`` go to the shared rows, in every
 process that holds it. The child gets a buffer of the same class attached to the same files. The parent
 owns the files (removed at its :meth:`close` or exit); a child's handle keeps its mapping until it exits.
@@ -263,6 +264,9 @@ def become_shared(buffer: Any) -> None:
     if is_shared(buffer):
         return
     _check(buffer)
+    limiter = getattr(buffer, "rate_limiter", None)
+    if limiter is not None:  # its counters go with the rows: every process admits by the same counts
+        limiter.share()
     held = len(buffer)
     start = buffer.pointer if held == buffer.buffer_size else 0  # the rows keep their slots
     shared: SharedBuffer

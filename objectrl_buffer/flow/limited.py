@@ -78,9 +78,9 @@ class LimitedBuffer:
             return
         with self.limiter.inserting(n, timeout):
             write(value)
-            evicted = before + n - len(buffer)
-            if evicted > 0:
-                self.limiter.delete(evicted)
+            evicted = min(n, before + n - len(buffer))
+        if evicted > 0:  # counted once the inserts are: deletes never pass inserts
+            self.limiter.delete(evicted, clamp=True)
 
     def add(self, transition: Any, *, timeout: float | None = None) -> None:
         """The buffer's ``add`` (``num_envs`` rows), once the limiter admits them.
@@ -139,7 +139,7 @@ class Gate:
             write(value)
         evicted = min(n, before + n - buffer.buffer_size)
         if evicted > 0:
-            self.limiter.delete(evicted)
+            self.limiter.delete(evicted, clamp=True)
 
     def add(self, transition: Any, *, timeout: float | None = None) -> None:
         """The buffer's ``add`` once the limiter admits its rows. Raises ``RateLimitTimeout``,

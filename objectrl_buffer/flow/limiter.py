@@ -47,10 +47,10 @@ import torch
 from objectrl_buffer.checkpoint.extras import Arrays, Values
 from objectrl_buffer.checkpoint.manifest import ExtraValue
 from objectrl_buffer.core.sync import ProcessRLock
-from objectrl_buffer.core.validate import positive_int, real_in
+from objectrl_buffer.core.validate import MAX_SIZE, positive_int, real_in
 from objectrl_buffer.errors import CheckpointError, InvalidArgumentError, RateLimitDeadlock, RateLimitTimeout
 
-__all__ = ["RateLimiter", "NAME", "BIG"]
+__all__ = ["RateLimiter", "NAME", "BIG", "MAX_COUNT", "unshared"]
 
 #: The extra-state name of a limiter's counters in full checkpoints.
 NAME = "rate_limiter"
@@ -59,6 +59,8 @@ BIG = sys.float_info.max
 _POLL_S = 0.05  # how often a blocked call re-checks the deadlock rule
 _SHARED_POLL_S = 0.002  # how often a blocked call of a shared limiter re-checks (other processes never notify)
 _COUNTERS = ("inserts", "samples", "deletes")
+#: The most any counter may reach (int64 counters; what a checkpoint's counters may hold, so every count saved loads).
+MAX_COUNT = MAX_SIZE
 
 
 def _count(value: Any, name: str) -> int:
@@ -124,8 +126,11 @@ class RateLimiter:
     deletes = property(lambda self: int(self._counts[2]), lambda self, v: self._counts.__setitem__(2, v))
 
     def _init_sync(self) -> None:
-        lock: Any = threading.RLock() if self._shared is None else ProcessRLock(self._shared)
+        self._lock = ProcessRLock(self._shared)  # share() makes it exclude processes too, under its waiters
+        lock: Any = self._lock  # a threading.Condition takes any lock with its protocol
         self._cond = threading.Condition(lock)
+        if self._shared is None:
+            _UNSHARED.add(self)
         self._poll_s = _POLL_S if self._shared is None else _SHARED_POLL_S
         self._parties: dict[int, threading.Thread] = {}
         self._blocked: dict[int, int] = {}  # thread ident -> calls of it waiting (1 unless re-entered)
@@ -171,17 +176,23 @@ class RateLimiter:
 
     # ------------------------------------------------------------------ non-blocking
     def try_insert(self, n: int = 1) -> bool:
-        """Count ``n`` inserts if admitted now; ``False`` (nothing counted) otherwise."""
+        """Count ``n`` inserts if admitted now; ``False`` (nothing counted) otherwise.
+
+        Raises:
+            InvalidArgumentError: ``n`` not a positive int, or ``inserts + n`` past :data:`MAX_COUNT` (checked
+                under the lock that every process sharing the counters takes; nothing counted).
+        """
         return self._try(n, inserting=True)
 
     def try_sample(self, n: int = 1) -> bool:
-        """Count ``n`` samples if admitted now; ``False`` (nothing counted) otherwise."""
+        """Count ``n`` samples if admitted now; ``False`` (nothing counted) otherwise. Raises as :meth:`try_insert`."""
         return self._try(n, inserting=False)
 
     def _try(self, n: int, inserting: bool) -> bool:
         n = positive_int(n, "n")
         with self._cond:
             self._join()
+            self._check_room(n, inserting)
             if not (self.can_insert(n) if inserting else self.can_sample(n)):
                 return False
             if inserting:
@@ -198,6 +209,7 @@ class RateLimiter:
         Raises:
             RateLimitTimeout: not admitted within ``timeout`` seconds (nothing counted).
             RateLimitDeadlock: it could never be admitted (see the module docs; nothing counted).
+            InvalidArgumentError: as :meth:`try_insert`.
         """
         with self.inserting(n, timeout):
             pass
@@ -229,13 +241,30 @@ class RateLimiter:
             self.samples += n
             self._changed()
 
-    def delete(self, n: int) -> None:
-        """Count ``n`` rows evicted (a full ring overwrote them); ``n >= 0``."""
+    def delete(self, n: int, *, clamp: bool = False) -> int:
+        """Count ``n >= 0`` rows evicted (a full ring overwrote them); return the deletes counted. ``clamp``
+        (a buffer's gate): count at most :attr:`size` (rows the limiter never counted are not its to delete).
+
+        Raises:
+            InvalidArgumentError: ``n > size`` without ``clamp`` (nothing counted: ``deletes > inserts``
+                would make every later checkpoint unloadable).
+        """
         n = _count(n, "n")
-        if n:
-            with self._cond:
+        if not n:
+            return 0
+        with self._cond:
+            size = self.inserts - self.deletes
+            if n > size:
+                if not clamp:
+                    raise InvalidArgumentError(
+                        f"rate limiter: delete of n={n} rows but only {size} are counted as held "
+                        f"({self._counters()}); nothing was counted"
+                    )
+                n = max(0, size)
+            if n:
                 self.deletes += n
                 self._changed()
+            return n
 
     def reset(self) -> None:
         """Zero the counters (the buffer was emptied)."""
@@ -301,10 +330,21 @@ class RateLimiter:
                 return False
         return True
 
+    def _check_room(self, n: int, inserting: bool) -> None:
+        """Refuse (the lock held) ``n`` that would carry its counter past :data:`MAX_COUNT`."""
+        counter = "inserts" if inserting else "samples"
+        count = self.inserts if inserting else self.samples
+        if count + n > MAX_COUNT:
+            raise InvalidArgumentError(
+                f"rate limiter: n={n} {counter} would carry {counter} ({count}) past {MAX_COUNT}, the most its "
+                "int64 counters hold; nothing was counted"
+            )
+
     def _await(self, n: int, timeout: float | None, inserting: bool) -> None:
         """Wait (the lock held, released while waiting) until ``n`` is admitted."""
         self._join()
         can = self.can_insert if inserting else self.can_sample
+        self._check_room(n, inserting)
         if can(n):
             return
         if self._never(n, inserting):
@@ -332,6 +372,7 @@ class RateLimiter:
             self._blocked[me] -= 1
             if not self._blocked[me]:
                 del self._blocked[me]
+        self._check_room(n, inserting)  # again once admitted: other processes move shared counters meanwhile
 
     def _counters(self) -> str:
         return f"inserts={self.inserts}, samples={self.samples}, deletes={self.deletes}, diff={self.diff:g}"
@@ -422,25 +463,44 @@ class RateLimiter:
         self._init_sync()
 
     def share(self) -> str:
-        """Move the counters into a shared file (once; at the first hand-over to a child process) and
-        return its path. From then on every process holding this limiter moves and reads the same counters
-        under a lock the kernel frees if its holder dies; blocked calls poll every ~2 ms, and the deadlock
-        rule is off (parties in other processes are not seen: give blocking calls a ``timeout``)."""
+        """Move the counters into a shared file (once: at the first hand-over to a child process, or when its
+        buffer becomes shared) and return its path. From then on every process holding this limiter moves
+        and reads the same counters under a lock the kernel frees if its holder dies; blocked calls (those
+        already waiting too) poll every ~2 ms, and the deadlock rule is off (parties in other processes are
+        not seen: give blocking calls a ``timeout``)."""
         with self._cond:
             if self._shared is None:
                 folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
                 fd, path = tempfile.mkstemp(prefix="objectrl-limiter-", dir=folder)
-                os.write(fd, self._counts.tobytes())
-                os.close(fd)
+                try:
+                    os.write(fd, self._counts.tobytes())
+                finally:
+                    os.close(fd)
                 self._finalizer = weakref.finalize(self, _remove_file, path, os.getpid())
-                self.use_counters(path)
-            return self._shared  # type: ignore[return-value]
+                self._counts = torch.from_file(path, shared=True, size=3, dtype=torch.int64).numpy()
+                self._lock.use_file(path)  # held here: this hold takes the file lock too
+                self._shared, self._poll_s = path, _SHARED_POLL_S
+                _UNSHARED.discard(self)
+                self._changed()  # waiters re-check under the shared rules (other processes never notify)
+                return path
+            return self._shared
 
     def use_counters(self, path: str) -> None:
         """Move and read the counters in the shared file ``path`` (made by :meth:`share` in another process)."""
         self._shared = path
         self._counts = torch.from_file(path, shared=True, size=3, dtype=torch.int64).numpy()
         self._init_sync()
+        _UNSHARED.discard(self)
+
+
+#: This process's limiters whose counters are not shared yet: the fork hook (:mod:`objectrl_buffer.forks`)
+#: shares those a forking ``Process`` is handed, as ``multiprocessing``'s pickler does under ``spawn``.
+_UNSHARED: weakref.WeakSet[RateLimiter] = weakref.WeakSet()
+
+
+def unshared() -> list[RateLimiter]:
+    """This process's live rate limiters whose counters are not shared yet."""
+    return list(_UNSHARED)
 
 
 def _remove_file(path: str, pid: int) -> None:
