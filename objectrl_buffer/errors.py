@@ -64,7 +64,10 @@ class ClosedBufferError(ReplayBufferError, RuntimeError):
 class ConcurrentUseError(ReplayBufferError, RuntimeError):
     """A read kept meeting another thread's writes to the very rows it read (one writer thread and
     sampler threads are supported, a read re-reads rows overwritten meanwhile, but not forever);
-    the message names the reading thread."""
+    the message names the reading thread.
+
+    Also raised by an ``AsyncSequenceBuffer`` awaited on a second event loop while it is bound to another
+    (see :mod:`objectrl_buffer.async_buffer.loop`); nothing changed, the message names both threads."""
 
 
 class CheckpointError(ReplayBufferError, RuntimeError):

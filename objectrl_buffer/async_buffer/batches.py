@@ -11,9 +11,14 @@ from typing import Any
 
 import torch
 
+from objectrl_buffer.async_buffer.slots import EMPTY_ID
+from objectrl_buffer.core.casts import exact_ints
 from objectrl_buffer.errors import InvalidArgumentError, SlotIndexError
 
 __all__ = ["birth_times", "check_new_ids", "amend_slots", "check_amend_ids"]
+
+#: The ids (and birth times) the slot table holds: int64.
+INT64_MIN, INT64_MAX = exact_ints(torch.int64)
 
 
 def birth_times(value: Any, n: int, last_birth: int) -> torch.Tensor:
@@ -24,6 +29,11 @@ def birth_times(value: Any, n: int, last_birth: int) -> torch.Tensor:
     """
     if value is None:
         start = max(time.monotonic_ns(), last_birth + 1)  # strictly after everything stored
+        if start + n - 1 > INT64_MAX:
+            raise InvalidArgumentError(
+                f"birth_times: the default birth times follow the latest one stored ({last_birth}) and would pass "
+                f"the int64 maximum {INT64_MAX}; give birth_times explicitly"
+            )
         return torch.arange(start, start + n, dtype=torch.int64)
     try:
         births = torch.as_tensor(value)
@@ -37,12 +47,26 @@ def birth_times(value: Any, n: int, last_birth: int) -> torch.Tensor:
     return births.to(torch.int64)
 
 
+def _shown(value: int) -> int | str:
+    """An id as a message shows it: a huge int (beyond 4300 digits ``str`` refuses it) by its size."""
+    return value if value.bit_length() <= 64 else f"<an int of {value.bit_length()} bits>"
+
+
 def check_new_ids(ids: list[int], stored: Container[int]) -> None:
-    """Refuse ``ids`` of a put that repeat within the batch or are already ``stored``.
+    """Refuse ``ids`` of a put that the slot table cannot hold, repeat within the batch or are already ``stored``.
+
+    An id is an int64 other than ``-1`` (``EMPTY_ID``, what an empty slot holds). Checked before any slot is
+    taken: a refused batch stores none of its samples.
 
     Raises:
-        InvalidArgumentError: naming (up to 10 of) the offending ids.
+        InvalidArgumentError: naming ``ids`` and (up to 10 of) the offending ids.
     """
+    if ids and (min(ids) < INT64_MIN or max(ids) > INT64_MAX or EMPTY_ID in ids):
+        bad = [_shown(i) for i in ids if i == EMPTY_ID or not INT64_MIN <= i <= INT64_MAX]
+        raise InvalidArgumentError(
+            f"samples: ids {bad[:10]} cannot be stored: an id is an int64 ([-2**63, 2**63 - 1]) other than "
+            f"{EMPTY_ID}, which marks an empty slot"
+        )
     if len(set(ids)) != len(ids):
         seen: set[int] = set()
         twice = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]

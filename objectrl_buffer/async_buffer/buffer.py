@@ -11,7 +11,8 @@ operation is a handful of vector ops over them plus work proportional to its own
 sample's tensors) are kept per slot. The buffer runs on one asyncio event loop: every state change happens
 between two awaits, so no operation ever sees another half-done (an amend can never overlap a read of the
 same entry), and one ``asyncio.Condition`` wakes the waiting consumers
-(:mod:`~objectrl_buffer.async_buffer.loop`). Arguments are checked by
+(:mod:`~objectrl_buffer.async_buffer.loop`, which says when a buffer is bound to a loop and refuses a second
+one with :class:`~objectrl_buffer.errors.ConcurrentUseError`). Arguments are checked by
 :mod:`~objectrl_buffer.async_buffer.batches` before anything changes.
 """
 
@@ -31,6 +32,7 @@ from objectrl_buffer.async_buffer.consumer import IDS, Consumer, as_consumers
 from objectrl_buffer.async_buffer.loop import LoopBinding
 from objectrl_buffer.async_buffer.samples import KeySpec, check_schema, gather, parse_samples
 from objectrl_buffer.async_buffer.slots import SlotTable, require
+from objectrl_buffer.core import validate
 from objectrl_buffer.core.validate import positive_int
 from objectrl_buffer.errors import BufferFull, InvalidArgumentError
 
@@ -43,9 +45,24 @@ class AsyncSequenceBuffer:
     Args:
         consumers: the readers (:class:`Consumer`, or any object with ``name``, ``input_keys``, ``n_seqs``).
         max_size: the number of slots; a put that does not fit raises :class:`~objectrl_buffer.errors.BufferFull`.
+            Every consumer's ``n_seqs`` must be at most ``max_size`` (else its ``get_batch`` could never return).
         device: where ``get_batch`` returns its batches.
         storing_device: where samples are kept (tensors already there are kept as given, not copied:
             treat what you put as handed over).
+
+    Raises:
+        InvalidArgumentError: no consumers, two with one name, an ``n_seqs`` above ``max_size``, a device
+            this machine cannot hold data on (``"meta"``, CUDA without CUDA), naming the argument.
+
+    **One event loop at a time.** Construction binds nothing. The first awaited call (``put_batch``,
+    ``amend_batch``, ``get_batch``) binds the buffer to its running loop, and the buffer stays bound to that
+    loop while it runs or while a call on it (a waiting ``get_batch``) has not returned. An awaited call from
+    any other loop in that time, e.g. a second thread with its own ``asyncio.run``, raises
+    :class:`~objectrl_buffer.errors.ConcurrentUseError` and changes nothing; threads use
+    :meth:`put_batch_threadsafe`, which runs the put on the bound loop. Once the bound loop is closed (its
+    ``asyncio.run`` returned), or stopped with no call pending, the next loop that awaits the buffer binds
+    it: successive ``asyncio.run`` calls work. The ``*_nowait`` methods are refused from a thread other
+    than the one running the bound loop.
     """
 
     def __init__(
@@ -58,11 +75,14 @@ class AsyncSequenceBuffer:
     ) -> None:
         self._consumers = as_consumers(consumers)
         self._max_size = positive_int(max_size, "max_size", limit=2**40)
-        try:
-            self.device = torch.device(device)
-            self.storing_device = torch.device(storing_device)
-        except (RuntimeError, TypeError) as exc:
-            raise InvalidArgumentError(f"device/storing_device: {exc}") from None
+        for c in self._consumers:
+            if c.n_seqs > self._max_size:
+                raise InvalidArgumentError(
+                    f"consumer '{c.name}': n_seqs {c.n_seqs} exceeds max_size {self._max_size}, so its get_batch "
+                    "could never gather that many entries; lower n_seqs or raise max_size"
+                )
+        self.device = validate.device(device, "device")
+        self.storing_device = validate.device(storing_device, "storing_device")
         # The keys whose presence decides readiness: every consumer's input_keys (ids are always there).
         self._tracked = sorted({k for c in self._consumers for k in c.input_keys if k != IDS})
         self._column = {k: i for i, k in enumerate(self._tracked)}
@@ -178,13 +198,21 @@ class AsyncSequenceBuffer:
 
         Raises:
             BufferFull: fewer free slots than samples (nothing stored).
-            InvalidArgumentError: duplicate ``ids`` (in the batch or stored), ``birth_times`` of the wrong length.
-            SchemaError: a key whose dtype or trailing shape differs from what the buffer stores.
+            InvalidArgumentError: duplicate ``ids`` (in the batch or stored), an id that is not an int64 or is
+                ``-1`` (the empty-slot marker), ``birth_times`` of the wrong length.
+            SchemaError: a key whose dtype or trailing shape differs from what the buffer stores, a tensor
+                without strided data (meta device, sparse).
+            ConcurrentUseError: the buffer is bound to another event loop (see the class docstring).
+
+        Every check runs before a slot is taken: a refused put stores none of its samples.
         """
-        cond = self._binding.condition()
-        async with cond:
-            slots = self._put(samples, birth_times)
-            cond.notify_all()
+        cond = self._binding.enter("put_batch")
+        try:
+            async with cond:
+                slots = self._put(samples, birth_times)
+                cond.notify_all()
+        finally:
+            self._binding.leave(cond)
         return slots
 
     def put_batch_nowait(self, samples: Any, birth_times: Any = None) -> torch.Tensor:
@@ -203,7 +231,7 @@ class AsyncSequenceBuffer:
         loop: asyncio.AbstractEventLoop | None = None,
         timeout: float | None = None,
     ) -> torch.Tensor:
-        """:meth:`put_batch` from another thread, run on ``loop`` (default: the loop the buffer last ran on).
+        """:meth:`put_batch` from another thread, run on ``loop`` (default: the loop the buffer is bound to).
 
         Blocks the calling thread until the put is done (at most ``timeout`` seconds) and returns its slots;
         the put's own errors (``BufferFull``, ...) are raised here.
@@ -243,11 +271,15 @@ class AsyncSequenceBuffer:
             SlotIndexError: a slot out of range or empty (upstream waits forever there); nothing changed.
             InvalidArgumentError: ``ids`` that do not match, a slot named twice, lengths that differ.
             SchemaError: a key whose dtype or trailing shape differs from what the buffer stores.
+            ConcurrentUseError: the buffer is bound to another event loop (see the class docstring).
         """
-        cond = self._binding.condition()
-        async with cond:
-            self._amend(indices, samples)
-            cond.notify_all()
+        cond = self._binding.enter("amend_batch")
+        try:
+            async with cond:
+                self._amend(indices, samples)
+                cond.notify_all()
+        finally:
+            self._binding.leave(cond)
 
     def amend_batch_nowait(self, indices: Any, samples: Any) -> None:
         """:meth:`amend_batch` for synchronous code on the buffer's loop thread."""
@@ -292,13 +324,17 @@ class AsyncSequenceBuffer:
 
         Raises:
             InvalidArgumentError: an unknown consumer. Cancelling the wait leaves the buffer unchanged.
+            ConcurrentUseError: the buffer is bound to another event loop (see the class docstring).
         """
         c = self._consumer_index(consumer)
         n = self._consumers[c].n_seqs
-        cond = self._binding.condition()
-        async with cond:
-            await cond.wait_for(lambda: len(self._t.candidates[c]) >= n)
-            return self._take(c)
+        cond = self._binding.enter("get_batch")
+        try:
+            async with cond:
+                await cond.wait_for(lambda: len(self._t.candidates[c]) >= n)
+                return self._take(c)
+        finally:
+            self._binding.leave(cond)
 
     get_batch_for_rpc = get_batch
 
@@ -348,7 +384,9 @@ class AsyncSequenceBuffer:
 
         Raises:
             CheckpointError: the state does not fit this buffer or is inconsistent.
+            ConcurrentUseError: called from a thread other than the one running the buffer's loop.
         """
+        self._binding.check_thread("load_state_dict")
         got = persist.unpack(
             state, max_size=self._max_size, consumers=self._consumers_json(), storing_device=self.storing_device
         )
@@ -374,12 +412,22 @@ class AsyncSequenceBuffer:
             self._binding.wake_soon()
 
     def save(self, path: Any) -> None:
-        """Write :meth:`state_dict` to the file ``path``: atomic (temp file, fsync, rename) and crc32-checked."""
-        persist.save_file(self.state_dict(), path)
+        """Write :meth:`state_dict` to the file ``path``: atomic (temp file, fsync, rename) and crc32-checked.
+
+        Raises:
+            InvalidArgumentError: ``path`` is not a ``str`` / ``os.PathLike`` naming a file.
+            CheckpointError: the write failed (names the path).
+        """
+        persist.save_file(self.state_dict(), validate.path(path, "path"))
 
     def load(self, path: Any) -> None:
-        """Load a file written by :meth:`save` (nothing is unpickled); see :meth:`load_state_dict`."""
-        self.load_state_dict(persist.load_file(path))
+        """Load a file written by :meth:`save` (nothing is unpickled); see :meth:`load_state_dict`.
+
+        Raises:
+            InvalidArgumentError: ``path`` is not a ``str`` / ``os.PathLike`` naming a file.
+            CheckpointError: a missing, damaged or non-fitting file (names the path); nothing changed.
+        """
+        self.load_state_dict(persist.load_file(validate.path(path, "path")))
 
 
 #: AReaL's name for the same class.

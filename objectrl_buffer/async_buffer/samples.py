@@ -16,6 +16,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer.async_buffer.consumer import IDS
+from objectrl_buffer.core.schema import without_data
 from objectrl_buffer.errors import InvalidArgumentError, SchemaError
 
 __all__ = ["KeySpec", "Parsed", "parse_samples", "check_schema", "gather"]
@@ -47,14 +48,14 @@ class Parsed:
     same_keys: bool  # every sample has the same keys (a TensorDict): presence is one row for all
 
 
-_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16, torch.uint32, torch.uint64)
 
 
 def _as_id(value: Any, where: str) -> int:
     if type(value) is int:  # the common case, first: puts are per-sample Python work
         return value
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.dtype not in _INT_DTYPES:
+        if value.numel() != 1 or value.dtype not in _INT_DTYPES or without_data(value) is not None:
             raise InvalidArgumentError(f"{where}: 'ids' must be an integer, got a {value.dtype} tensor {value!r}")
         return int(value.item())
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
@@ -64,11 +65,14 @@ def _as_id(value: Any, where: str) -> int:
 
 def _tensor(value: Any, key: str, where: str, device: torch.device) -> torch.Tensor:
     """``value`` as a tensor on ``device``: a tensor already there is kept as it is (not copied)."""
-    if type(value) is torch.Tensor and value.device == device and not value.requires_grad:
-        return value
     if isinstance(value, torch.Tensor):
         if value.is_nested:
             raise SchemaError(f"{where}: key '{key}' is a nested tensor; give one sample's tensor per mapping")
+        problem = without_data(value)
+        if problem is not None:
+            raise SchemaError(f"{where}: key '{key}': a tensor {problem} cannot be stored")
+        if type(value) is torch.Tensor and value.device == device and not value.requires_grad:
+            return value
         return value.detach().to(device)
     if isinstance(value, (Mapping, TensorDictBase)):
         raise SchemaError(f"{where}: key '{key}' holds a mapping; keys must hold tensors (no nested keys)")
@@ -81,6 +85,9 @@ def _tensor(value: Any, key: str, where: str, device: torch.device) -> torch.Ten
 def _split_column(value: Any, key: str, n: int, device: torch.device) -> list[torch.Tensor] | tuple[torch.Tensor, ...]:
     if isinstance(value, TensorDictBase):
         raise SchemaError(f"samples: key '{key}' holds a TensorDict; keys must hold tensors (no nested keys)")
+    problem = without_data(value.values() if value.is_nested else value)
+    if problem is not None:
+        raise SchemaError(f"samples: key '{key}': a tensor {problem} cannot be stored")
     value = value.detach().to(device)
     parts = value.unbind() if value.is_nested else value.unbind(0)
     if len(parts) != n:
@@ -111,9 +118,11 @@ def parse_samples(samples: Any, device: torch.device) -> Parsed:
             raw = samples.get(IDS)
             if raw.dim() == 2 and raw.shape[1] == 1:
                 raw = raw[:, 0]
-            if raw.is_nested or raw.dim() != 1 or raw.dtype not in _INT_DTYPES:
+            problem = without_data(raw)
+            if raw.is_nested or raw.dim() != 1 or raw.dtype not in _INT_DTYPES or problem is not None:
                 raise InvalidArgumentError(
                     f"samples: 'ids' must hold one integer per sample, got {raw.dtype} of shape {list(raw.shape)}"
+                    + (f", a tensor {problem}" if problem else "")
                 )
             ids = raw.tolist()
         columns = {k: _split_column(samples.get(k), k, n, device) for k in keys if k != IDS}

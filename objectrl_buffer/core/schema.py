@@ -54,6 +54,7 @@ __all__ = [
     "leaves",
     "format_key",
     "require_mapping",
+    "without_data",
     "cast_rule",
     "exact_ints",
     "SAME",
@@ -107,16 +108,24 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def without_data(value: torch.Tensor) -> str | None:
+    """Why a buffer cannot store ``value``'s elements as they are, as the end of "a tensor ...": on the meta
+    device (no data at all) or of a layout other than strided (sparse); ``None`` for a storable tensor."""
+    if value.device.type == "meta":
+        return "on the meta device (it holds no data)"
+    if value.layout != torch.strided:
+        return f"of layout {value.layout}"
+    return None
+
+
 def _as_tensor(key: Key, value: Any) -> torch.Tensor:
     """A tensor for a NumPy array/scalar, Python number or nested list (tensors pass through).
 
     Raises :class:`SchemaError` naming ``key`` for values torch cannot hold (strings, ragged lists, ...).
     """
     if isinstance(value, torch.Tensor):
-        if value.device.type == "meta" or value.layout != torch.strided:
-            where = (
-                "on the meta device (it holds no data)" if value.device.type == "meta" else f"of layout {value.layout}"
-            )
+        where = without_data(value)
+        if where is not None:
             raise SchemaError(f"key '{format_key(key)}': a tensor {where} cannot be stored")
         return value
     if isinstance(value, float):
