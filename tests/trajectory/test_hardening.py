@@ -61,17 +61,21 @@ def watch_overwrites(monkeypatch: pytest.MonkeyPatch, folder: str) -> list[str]:
     return overwritten
 
 
-def markers(rb: TrajectoryReplayBuffer) -> dict[int, float]:
-    """Trajectory id -> its marker, each trajectory checked to hold one marker in every row."""
-    batch = rb.sample(4096)
-    out: dict[int, float] = {}
-    for action, reward in zip(batch["actions"].squeeze(-1).tolist(), batch["rewards"].tolist(), strict=True):
-        assert action // 1000 == reward
-    for tid in rb.trajectory_ids:
-        out[tid] = -1.0
-    rewards = set(batch["rewards"].tolist())
-    assert len(rewards) == len(out)
-    return {tid: r for tid, r in zip(sorted(out), sorted(rewards), strict=True)}
+def markers(rb: TrajectoryReplayBuffer, folder: Path | str) -> dict[int, float]:
+    """Trajectory id -> marker of each file ``folder``'s index names, read from the file; checked to be what
+    the buffer ``rb`` (loaded from it) holds: the same ids and markers, every row consistent."""
+    index = json.loads(Path(folder, files.INDEX).read_text())
+    out = {}
+    for tid in index["trajectory_id_list"]:
+        info = index["trajectory_index"][str(tid)]
+        payload = torch.load(Path(folder, files.file_name(tid, info["model_weights_id"], "pt")), weights_only=True)
+        out[tid] = float(payload["rewards"][0, 0])
+    assert rb.trajectory_ids == list(out)
+    if out:
+        batch = rb.sample(4096)
+        assert torch.equal(batch["actions"].squeeze(-1).long() // 1000, batch["rewards"].long())
+        assert set(batch["rewards"].tolist()) <= set(out.values())
+    return out
 
 
 def loaded(folder: Path | str, **kwargs: Any) -> TrajectoryReplayBuffer:
@@ -150,7 +154,7 @@ def test_after_clear_no_file_the_published_index_names_is_overwritten(
         rb.flush()
         assert overwritten == []
         again = loaded(folder)
-        assert markers(again) == {0: 100.0, 1: 101.0, 2: 102.0}
+        assert markers(again, folder) == {0: 100.0, 1: 101.0, 2: 102.0}
         again.close()
     finally:
         rb.close()
@@ -170,7 +174,7 @@ def test_save_checkpoint_over_another_runs_checkpoint_replaces_it_whole(
     new.save_checkpoint(str(path))
     assert overwritten == []
     again = loaded(path)
-    assert markers(again) == {0: 100.0, 1: 101.0} and again.seed == 2
+    assert markers(again, path) == {0: 100.0, 1: 101.0} and again.seed == 2
     assert sorted(os.listdir(path)) == [
         "metadata.json", "notes.txt", "trajectory_0_w.pt", "trajectory_1_w.pt", "trajectory_index.json",
     ]  # fmt: skip
@@ -338,6 +342,6 @@ def test_reopening_a_folder_with_a_smaller_capacity_leaves_its_index_alone(tmp_p
     small.add_trajectories([marked(10)])  # asked: the folder now follows what the buffer keeps
     small.close()
     again = loaded(folder)
-    assert again.trajectory_ids == [9, 10] and markers(again) == {9: 9.0, 10: 10.0}
+    assert markers(again, folder) == {9: 9.0, 10: 10.0}
     assert sorted(p.name for p in folder.glob("*.pt")) == ["trajectory_10_w10_0.pt", "trajectory_9_w9_0.pt"]
     again.close()
