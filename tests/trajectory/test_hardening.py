@@ -184,6 +184,48 @@ def test_save_checkpoint_over_another_runs_checkpoint_replaces_it_whole(
         rb.close()
 
 
+def test_without_rename_exchange_a_save_over_a_checkpoint_still_replaces_it_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from objectrl_buffer.trajectory import checkpoint
+
+    monkeypatch.setattr(checkpoint, "exchange", lambda a, b: False)  # a filesystem without RENAME_EXCHANGE
+    path = tmp_path / "ck"
+    for markers_ in ([0, 1, 2], [100, 101]):
+        rb = TrajectoryReplayBuffer(seed=0, sample_window_size=0)
+        rb.add_trajectories([same_name(m) for m in markers_])
+        rb.save_checkpoint(str(path))
+        rb.close()
+    again = loaded(path)
+    assert markers(again, path) == {0: 100.0, 1: 101.0}
+    assert os.listdir(tmp_path) == ["ck"]
+    again.close()
+
+
+def test_a_save_over_a_checkpoint_holding_a_folder_is_refused_and_changes_nothing(saved: Path) -> None:
+    (saved / "mine").mkdir()
+    before = tree(saved)
+    rb = TrajectoryReplayBuffer(seed=0)
+    rb.add_trajectories([marked(7)])
+    with pytest.raises(InvalidArgumentError, match="mine"):
+        rb.save_checkpoint(str(saved))
+    assert tree(saved) == before and os.listdir(saved.parent) == ["ck"]
+    rb.close()
+
+
+@linux_only
+def test_a_save_through_a_symlinked_folder_replaces_the_folder_it_names(saved: Path, tmp_path: Path) -> None:
+    os.symlink(saved, tmp_path / "link")
+    rb = TrajectoryReplayBuffer(seed=0)
+    rb.add_trajectories([marked(7)])
+    rb.save_checkpoint(str(tmp_path / "link"))
+    rb.close()
+    assert (tmp_path / "link").is_symlink()
+    again = loaded(saved)
+    assert markers(again, saved) == {0: 7.0}
+    again.close()
+
+
 @pytest.mark.parametrize("path", ["", b"x", 3])
 def test_save_and_load_need_a_folder_path(make: Any, path: Any) -> None:
     rb = make(seed=0)
@@ -288,9 +330,9 @@ def test_an_index_listing_one_id_many_times_is_refused(saved: Path) -> None:
 
 
 def test_a_compressed_archive_is_refused_before_torch_inflates_it(saved: Path) -> None:
-    file = saved / "trajectory_0_w0_0.pt"
+    file = saved / "trajectory_2_w2_0.pt"
     payload = torch.load(file, weights_only=True)
-    payload["actions"] = torch.zeros(4, 2, 1 << 19)  # 16 MiB of zeros, ~16 KiB deflated
+    payload["junk"] = torch.zeros(1 << 22)  # 16 MiB of zeros, ~16 KiB deflated; not [T, B]: RLinf skips it
     plain = io.BytesIO()
     torch.save(payload, plain)
     source = zipfile.ZipFile(io.BytesIO(plain.getvalue()))
@@ -299,7 +341,7 @@ def test_a_compressed_archive_is_refused_before_torch_inflates_it(saved: Path) -
             archive.writestr(member.filename, source.read(member.filename))
     assert file.stat().st_size < 1 << 20
     rechecksum(saved)
-    refused(saved, "trajectory_0_w0_0.pt", "unpacks to")
+    refused(saved, "trajectory_2_w2_0.pt", "unpacks to")
 
 
 # ---------------------------------------------------------------------------------------------- error classes
