@@ -38,6 +38,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer.core.schema import Schema
 from objectrl_buffer.core.seeding import derived_seed
+from objectrl_buffer.core.validate import device as checked_device
 from objectrl_buffer.core.validate import positive_int
 from objectrl_buffer.errors import ClosedBufferError, EmptyBufferError, InvalidArgumentError
 from objectrl_buffer.storage.table import make_tensordict
@@ -63,6 +64,17 @@ def _flag(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
     return value
+
+
+def _folder_path(value: Any, name: str) -> str:
+    """``value`` (a str or PathLike naming a folder) as a str; :class:`InvalidArgumentError` for anything else."""
+    try:
+        path = os.fspath(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be a str or os.PathLike, got {type(value).__name__}") from None
+    if not isinstance(path, str) or not path:
+        raise InvalidArgumentError(f"{name} must name a folder, got {value!r}")
+    return path
 
 
 def _alias(name: str, value: Any, default: Any, alias: str, alias_value: Any) -> Any:
@@ -140,8 +152,8 @@ class TrajectoryReplayBuffer:
         if save and folder is None:
             raise InvalidArgumentError("save_trajectories=True needs storage_dir (the folder trajectories go to)")
         self.capacity = None if capacity is None else positive_int(capacity, "capacity")
-        self.device = torch.device(device)
-        self.storing_device = torch.device(storing_device)
+        self.device = checked_device(device, "device")
+        self.storing_device = checked_device(storing_device, "storing_device")
         self.allow_pickle = _flag(allow_pickle, "allow_pickle")
         self.storage_dir = None if folder is None else os.fspath(folder)
         self.storage_format = fmt
@@ -160,6 +172,9 @@ class TrajectoryReplayBuffer:
         self._window: tuple[int, int, torch.Tensor, torch.Tensor, int] | None = None
         self._closed = False
         self._writer: TrajectoryWriter | None = None
+        # ids a resumed folder's index names that the table could not keep (capacity): dropped from the index
+        # (and their files deleted) by the first add that persists, never on open
+        self._unkept: list[int] = []
         if save:
             assert self.storage_dir is not None
             if os.path.exists(os.path.join(self.storage_dir, files.METADATA)):
@@ -169,7 +184,11 @@ class TrajectoryReplayBuffer:
                         f"storage_dir '{self.storage_dir}' holds '{folder_info.fmt}' trajectories, not '{fmt}'"
                     )
                 self._load(folder_info, folder_info.entries)
-            self._writer = TrajectoryWriter(self.storage_dir, fmt, self.seed, self._table.entries)
+                kept = {e.trajectory_id for e in self._table.entries}
+                self._unkept = [e.trajectory_id for e in folder_info.entries if e.trajectory_id not in kept]
+                self._writer = TrajectoryWriter(self.storage_dir, fmt, self.seed, folder_info.entries, publish=False)
+            else:
+                self._writer = TrajectoryWriter(self.storage_dir, fmt, self.seed)
         self._finalizer = weakref.finalize(self, shutdown, self._writer, self._holder)
 
     # ------------------------------------------------------------------ state
@@ -301,8 +320,9 @@ class TrajectoryReplayBuffer:
         _, evicted = table.append(schema, pairs, n, entry)
         writer = self._writer
         if persist and writer is not None:
-            if evicted:
-                writer.drop([e.trajectory_id for e in evicted])
+            if evicted or self._unkept:
+                writer.drop([e.trajectory_id for e in evicted] + self._unkept)
+                self._unkept = []
             writer.submit(entry, table.payload(len(table.entries) - 1))
 
     # ------------------------------------------------------------------ sampling
@@ -381,6 +401,7 @@ class TrajectoryReplayBuffer:
             self._counter = 0
             self._added = 0
             self._version += 1
+            self._unkept = []
             if self._writer is not None:
                 self._writer.reset([])
 
@@ -391,9 +412,15 @@ class TrajectoryReplayBuffer:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_path: str | os.PathLike[str]) -> None:
         """Write every stored trajectory to ``save_path`` as an RLinf folder (files first, then index and
-        metadata, each atomically). Into the buffer's own ``storage_dir`` this is a :meth:`flush`."""
+        metadata, each atomically; over an existing checkpoint, built beside it and swapped in at once, so a
+        kill leaves the old checkpoint or the new one). Into the buffer's own ``storage_dir`` this is a
+        :meth:`flush`.
+
+        Raises:
+            InvalidArgumentError: ``save_path`` is empty or not a folder. CheckpointError: writing failed.
+        """
         self._check_open()
-        path = os.fspath(save_path)
+        path = _folder_path(save_path, "save_path")
         writer = self._writer
         if writer is not None and os.path.realpath(path) == os.path.realpath(writer.folder):
             writer.flush()
@@ -422,7 +449,7 @@ class TrajectoryReplayBuffer:
                 ``allow_pickle``. The buffer is unchanged by any of these.
         """
         self._check_open()
-        path = os.fspath(load_path)
+        path = _folder_path(load_path, "load_path")
         if is_distributed:
             world_size = checkpoint.check_rank(local_rank, world_size)
         folder = files.read_folder(path)
@@ -435,6 +462,7 @@ class TrajectoryReplayBuffer:
             )
         with self._lock:
             self._load(folder, entries)
+            self._unkept = []
             if self._writer is not None:
                 table = self._table
                 self._writer.reset([] if not own else list(table.entries))

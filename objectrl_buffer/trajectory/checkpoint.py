@@ -1,16 +1,30 @@
 """Checkpoints of a trajectory buffer: its :class:`~objectrl_buffer.trajectory.table.Table` to and from an
 RLinf folder (:mod:`~objectrl_buffer.trajectory.files`), whole or one rank's share.
+
+A save never overwrites a file an index names: over a folder that already holds a checkpoint (an index or
+metadata), the new folder is built beside it and swapped in with one atomic ``renameat2(RENAME_EXCHANGE)``
+(Linux), so a kill at any moment leaves exactly the old checkpoint or the new one. Where the exchange is not
+supported, the old folder is renamed aside and the new one into place (a kill between the two renames leaves
+no folder at the path, never a mix).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import os
+import re
+import shutil
+import stat
+import tempfile
 from typing import Any
 
 import torch
 
+from objectrl_buffer.checkpoint.io import fsync_path
 from objectrl_buffer.core.validate import positive_int
-from objectrl_buffer.errors import CheckpointError, InvalidArgumentError
+from objectrl_buffer.errors import CheckpointError, InvalidArgumentError, SchemaError
 from objectrl_buffer.trajectory import files
 from objectrl_buffer.trajectory.files import Entry
 from objectrl_buffer.trajectory.table import Table
@@ -19,16 +33,110 @@ from objectrl_buffer.trajectory.trajectory import from_payload
 __all__ = ["write_folder", "check_rank", "rank_share", "read_table"]
 
 
-def write_folder(path: str, table: Table, fmt: str, seed: Any) -> None:
-    """Write every trajectory of ``table`` to the folder ``path``: files first, then index and metadata."""
-    os.makedirs(path, exist_ok=True)
-    written = []
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+# what a trajectory folder holds (and the temp names of atomic_write): anything else is the user's
+_OURS = re.compile(
+    r"^(trajectory_\d+_[A-Za-z0-9_.\-]*\.(pt|pkl)|metadata\.json|trajectory_index\.json|trajector_index\.json)"
+    r"(\.[0-9a-f]{8}\.tmp)?$"
+)
+
+
+def _load_renameat2() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        function = libc.renameat2
+    except (OSError, AttributeError):  # not Linux/glibc >= 2.28: the two-rename fallback
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+_renameat2 = _load_renameat2()
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swap the paths ``a`` and ``b`` in one atomic step (``renameat2(RENAME_EXCHANGE)``); ``False`` where the
+    system or the filesystem does not support it (nothing was done). Other failures raise ``OSError``."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def _holds_checkpoint(path: str) -> bool:
+    return any(os.path.lexists(os.path.join(path, name)) for name in (files.METADATA, files.INDEX, files.LEGACY_INDEX))
+
+
+def _write_into(path: str, table: Table, fmt: str, seed: Any, storage_dir: str) -> None:
+    """Every trajectory of ``table`` into ``path``: files, one batch sync, then index and metadata."""
+    written, entries = [], []
     for i, entry in enumerate(table.entries):
         name = os.path.join(path, files.file_name(entry.trajectory_id, entry.model_weights_id, fmt))
-        files.write_payload(name, table.payload(i), fmt, durable=False)
+        nbytes, crc = files.write_payload(name, table.payload(i), fmt, durable=False)
         written.append(name)
+        entries.append(entry.with_file(nbytes, crc))
     files.sync_files(path, written)  # all durable (the kernel wrote most back meanwhile), then the index
-    files.write_index(path, list(table.entries), fmt, seed)
+    files.write_index(path, entries, fmt, seed, storage_dir=storage_dir)
+
+
+def write_folder(path: str, table: Table, fmt: str, seed: Any) -> None:
+    """Write every trajectory of ``table`` to the folder ``path`` (see the module: a checkpoint already there
+    is replaced by one atomic exchange; a new folder is renamed into place complete). A folder holding other
+    files and no checkpoint is written in place, files first, then index and metadata; files of the user in a
+    folder holding a checkpoint are kept (hard-linked into the new one).
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a folder, or holds a checkpoint and something that is not a
+            regular file. CheckpointError: writing failed (names the path); the old checkpoint is then intact.
+    """
+    path = os.path.realpath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InvalidArgumentError(f"save_path '{path}' exists and is not a folder")
+    existing = os.path.isdir(path)
+    if existing and not _holds_checkpoint(path) and os.listdir(path):
+        _write_into(path, table, fmt, seed, path)  # no index there: no file an index names is overwritten
+        return
+    strays = [name for name in os.listdir(path) if not _OURS.match(name)] if existing else []
+    for name in strays:
+        if not stat.S_ISREG(os.lstat(os.path.join(path, name)).st_mode):
+            raise InvalidArgumentError(
+                f"save_path '{path}' holds a checkpoint and '{name}', which is not a regular file: a save replaces "
+                "the whole folder, so save elsewhere or move it"
+            )
+    parent = os.path.dirname(path)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise CheckpointError(f"cannot save trajectories to '{path}': {exc.strerror or exc}") from exc
+    old = None
+    try:
+        for name in strays:
+            os.link(os.path.join(path, name), os.path.join(tmp, name))
+        _write_into(tmp, table, fmt, seed, path)
+        if not existing:
+            os.rename(tmp, path)
+        elif exchange(tmp, path):
+            old = tmp
+        else:
+            old = tmp + ".old"
+            os.rename(path, old)
+            os.rename(tmp, path)
+        fsync_path(parent)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"cannot save trajectories to '{path}': {exc.strerror or exc}") from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def check_rank(local_rank: Any, world_size: Any) -> int:
@@ -67,12 +175,17 @@ def read_table(
             damaged. InvalidArgumentError: a trajectory longer than ``capacity``. Nothing is left allocated.
     """
     paths = files.find_files(files.Folder(folder.path, folder.metadata, entries, folder.fmt))
+    if len(set(paths)) != len(paths):  # the glob fallback found one file for two ids
+        raise CheckpointError(f"'{folder.path}': two trajectories of the index resolve to the same file")
     table = Table(capacity, device, keep)
     try:
         schema = None
         for entry, file in zip(entries, paths, strict=True):
-            flat = from_payload(files.load_payload(file, allow_pickle), f"'{file}'")
-            schema, pairs, n = table.rows.prepare(flat.rows, schema)
+            try:
+                flat = from_payload(files.load_payload(file, allow_pickle, entry), f"'{file}'")
+                schema, pairs, n = table.rows.prepare(flat.rows, schema)
+            except (InvalidArgumentError, SchemaError) as exc:  # the file's content, not the caller's argument
+                raise CheckpointError(f"trajectory file '{file}' holds no valid trajectory: {exc}") from None
             if n != entry.num_samples:
                 raise CheckpointError(f"'{file}' holds {n} transitions, its index entry says {entry.num_samples}")
             if capacity is not None and n > capacity:

@@ -7,7 +7,9 @@ Layout (RLinf's names and keys, so folders move both ways)::
     metadata.json                                {storage_dir, storage_format, trajectory_format, size,
                                                   total_samples, trajectory_counter, seed}
 
-``info`` is ``{num_samples, trajectory_id, max_episode_length, shape, model_weights_id}``. RLinf's seed-era
+``info`` is ``{num_samples, trajectory_id, max_episode_length, shape, model_weights_id}``; the folders written
+here add ``bytes`` and ``crc32`` (hex) of the file, checked on every read (RLinf ignores keys it does not know,
+and the files themselves stay exactly what ``torch.save`` writes). RLinf's seed-era
 buffers call the format key ``storage_format``, 0.3 calls it ``trajectory_format``: both are written, either
 is read. Older merge tools wrote the index as ``trajector_index.json``: it is read when the right one is missing.
 
@@ -17,20 +19,30 @@ by a kill at any moment still loads, holding a prefix of what was added. Traject
 without an fsync each and synced in a batch (:func:`sync_files`) just before an index names them, so the
 index is durable only after its files are (a power cut too leaves a folder that loads), with one disk
 flush per index instead of two per file.
+
+Reading is hostile-file safe: a trajectory file must be a regular file inside the folder (no symlink, FIFO or
+device: :func:`~objectrl_buffer.checkpoint.io.open_regular`), match its entry's size and checksum when the
+index records them, and, as a ``.pt`` zip, unpack to no more bytes than the file holds (``torch.save`` never
+compresses), checked in the zip's central directory before ``torch.load`` allocates anything. An index
+listing an id twice is refused.
 """
 
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
 import pickle
-from dataclasses import dataclass
+import re
+import zipfile
+import zlib
+from dataclasses import dataclass, replace
 from typing import Any, BinaryIO
 
 import torch
 
-from objectrl_buffer.checkpoint.io import atomic_write, fsync_path, read_small_file
+from objectrl_buffer.checkpoint.io import atomic_write, fsync_path, open_regular, read_small_file, readinto_exact
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
 from objectrl_buffer.trajectory.trajectory import check_weights_id
 
@@ -46,6 +58,7 @@ __all__ = [
     "find_file",
     "load_payload",
     "write_payload",
+    "copy_file",
     "sync_files",
     "write_index",
 ]
@@ -56,6 +69,9 @@ LEGACY_INDEX = "trajector_index.json"  # RLinf's merge tool reads (and writes) t
 FORMATS = ("pt", "pkl")
 #: Largest JSON file read (a million trajectories' index is ~200 MB).
 JSON_LIMIT = 1 << 30
+#: Bytes copied at a time by :func:`copy_file`.
+COPY_BLOCK = 1 << 22
+_CRC = re.compile(r"^[0-9a-fA-F]{8}$")
 
 
 @dataclass(frozen=True)
@@ -67,19 +83,29 @@ class Entry:
     max_episode_length: int
     shape: tuple[int, ...]
     model_weights_id: str
+    nbytes: int | None = None  # the file's size and crc32, where the index records them (ours do, RLinf's not)
+    crc32: int | None = None
 
     def info(self) -> dict[str, Any]:
-        """RLinf's index entry (JSON types)."""
-        return {
+        """RLinf's index entry (JSON types), plus ``bytes`` and ``crc32`` where known."""
+        info: dict[str, Any] = {
             "num_samples": self.num_samples,
             "trajectory_id": self.trajectory_id,
             "max_episode_length": self.max_episode_length,
             "shape": list(self.shape),
             "model_weights_id": self.model_weights_id,
         }
+        if self.nbytes is not None and self.crc32 is not None:
+            info["bytes"] = self.nbytes
+            info["crc32"] = f"{self.crc32:08x}"
+        return info
 
     def renumbered(self, trajectory_id: int) -> Entry:
-        return Entry(trajectory_id, self.num_samples, self.max_episode_length, self.shape, self.model_weights_id)
+        return replace(self, trajectory_id=trajectory_id)
+
+    def with_file(self, nbytes: int, crc32: int) -> Entry:
+        """This entry, recording its file's size and checksum."""
+        return replace(self, nbytes=nbytes, crc32=crc32)
 
 
 @dataclass
@@ -131,12 +157,21 @@ def _entry(raw: Any, key: int, path: str) -> Entry:
     except InvalidArgumentError as exc:
         raise CheckpointError(str(exc)) from None
     mel = raw.get("max_episode_length", 0)
+    nbytes = crc = None
+    if "bytes" in raw or "crc32" in raw:
+        nbytes = _int(raw.get("bytes"), f"bytes of trajectory {key}", path)
+        text = raw.get("crc32")
+        if not isinstance(text, str) or not _CRC.match(text):
+            raise CheckpointError(f"'{path}': crc32 of trajectory {key} must be 8 hex digits, got {text!r}")
+        crc = int(text, 16)
     return Entry(
         trajectory_id=key,
         num_samples=_int(raw.get("num_samples", 0), f"num_samples of trajectory {key}", path),
         max_episode_length=mel if isinstance(mel, int) and not isinstance(mel, bool) else 0,
         shape=tuple(shape),
         model_weights_id=weights_id,
+        nbytes=nbytes,
+        crc32=crc,
     )
 
 
@@ -158,11 +193,15 @@ def read_folder(path: str) -> Folder:
     if not isinstance(infos, dict) or not isinstance(ids, list):
         raise CheckpointError(f"'{index_path}': trajectory_index must be an object and trajectory_id_list a list")
     entries = []
+    seen: set[int] = set()
     for raw_id in ids:
         try:
             key = int(raw_id)
         except (TypeError, ValueError):
             raise CheckpointError(f"'{index_path}': trajectory id {raw_id!r} is not an int") from None
+        if key in seen:  # each would load the same file again
+            raise CheckpointError(f"'{index_path}': trajectory id {key} is listed more than once")
+        seen.add(key)
         raw = infos.get(str(key), infos.get(key))
         if raw is None:
             raise CheckpointError(f"'{index_path}': trajectory {key} is listed but has no entry")
@@ -175,9 +214,10 @@ def read_folder(path: str) -> Folder:
 
 def find_file(folder: str, entry: Entry, fmt: str) -> str | None:
     """The file of ``entry`` in ``folder``: RLinf's exact name, else ``trajectory_{id}_*.{fmt}`` (as RLinf's
-    merge tool looks), else ``None``."""
+    merge tool looks), else ``None``. A name that exists is returned whatever it is (a symlink, a FIFO): the
+    reader refuses it, instead of falling back to another file."""
     exact = os.path.join(folder, file_name(entry.trajectory_id, entry.model_weights_id, fmt))
-    if os.path.isfile(exact):
+    if os.path.lexists(exact):
         return exact
     found = sorted(glob.glob(os.path.join(glob.escape(folder), f"trajectory_{entry.trajectory_id}_*.{fmt}")))
     return found[0] if found else None
@@ -197,32 +237,147 @@ def find_files(folder: Folder) -> list[str]:
     return paths
 
 
-def load_payload(path: str, allow_pickle: bool) -> Any:
-    """The dict a trajectory file holds. ``.pt`` loads with ``weights_only=True``; ``.pkl`` is unpickled
-    only with ``allow_pickle=True`` (unpickling runs code from the file)."""
+def _read_file(path: str, entry: Entry | None) -> bytearray:
+    """The bytes of the regular file ``path`` (no symlink, FIFO, device), checked against ``entry``'s size
+    and checksum where it records them. Allocates the file's own size, no more."""
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"trajectory file '{path}' is missing") from None
+    except CheckpointError as exc:
+        raise CheckpointError(f"trajectory file {exc}") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read trajectory file '{path}': {exc.strerror or exc}") from exc
+    try:
+        size = os.fstat(fd).st_size
+        if entry is not None and entry.nbytes is not None and size != entry.nbytes:
+            raise CheckpointError(f"trajectory file '{path}' has {size} bytes, its index entry says {entry.nbytes}")
+        data = bytearray(size)
+        with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
+            readinto_exact(f, memoryview(data), path)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read trajectory file '{path}': {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    if entry is not None and entry.crc32 is not None and zlib.crc32(data) != entry.crc32:
+        raise CheckpointError(
+            f"trajectory file '{path}' is damaged: its crc32 is {zlib.crc32(data):08x}, its index entry says "
+            f"{entry.crc32:08x}"
+        )
+    return data
+
+
+def _check_archive(path: str, data: bytearray) -> None:
+    """Refuse a ``.pt`` that is not a zip, or whose members unpack to more bytes than the file holds (a
+    compressed archive: ``torch.save`` never compresses), from its central directory, before torch allocates."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            unpacked = sum(member.file_size for member in archive.infolist())
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as exc:
+        raise CheckpointError(f"trajectory file '{path}' is not a torch.save archive: {exc}") from None
+    if unpacked > len(data):
+        raise CheckpointError(
+            f"trajectory file '{path}' unpacks to {unpacked} bytes, more than its own {len(data)}: a compressed "
+            "archive (torch.save never compresses) is refused"
+        )
+
+
+def load_payload(path: str, allow_pickle: bool, entry: Entry | None = None) -> Any:
+    """The dict a trajectory file holds, read by :func:`_read_file` (checked against ``entry``). ``.pt``
+    loads with ``weights_only=True`` once :func:`_check_archive` passed; ``.pkl`` is unpickled only with
+    ``allow_pickle=True`` (unpickling runs code from the file).
+
+    Raises:
+        CheckpointNotFoundError: no such file. CheckpointError: naming the file: not a regular file, a size or
+            checksum that differs from ``entry``, a compressed or damaged archive, pickle without ``allow_pickle``.
+    """
     if path.endswith(".pkl"):
         if not allow_pickle:
             raise CheckpointError(
                 f"'{path}' is a pickle file: loading it runs code from the file. Pass allow_pickle=True if you trust it"
             )
-        with open(path, "rb") as f:
-            try:
-                return pickle.load(f)
-            except Exception as exc:
-                raise CheckpointError(f"cannot read trajectory file '{path}': {exc}") from exc
+        data = _read_file(path, entry)
+        try:
+            return pickle.loads(data)
+        except Exception as exc:
+            raise CheckpointError(f"cannot read trajectory file '{path}': {exc}") from exc
+    data = _read_file(path, entry)
+    _check_archive(path, data)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(f"cannot read trajectory file '{path}': {exc}") from exc
 
 
-def write_payload(path: str, payload: dict[str, Any], fmt: str, *, durable: bool = True) -> None:
+class _Summed:
+    """A binary file that keeps the crc32 and size of what is written through it."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.crc = 0
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.crc = zlib.crc32(view, self.crc)
+        self.size += view.nbytes
+        return self.f.write(view)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def write_payload(path: str, payload: dict[str, Any], fmt: str, *, durable: bool = True) -> tuple[int, int]:
     """Write a trajectory file atomically (temp name, fsync, rename); ``durable=False``: no fsync, the
-    caller syncs a batch (:func:`sync_files`) before an index names them."""
-    if fmt == "pt":
-        atomic_write(path, lambda f: torch.save(payload, f), durable=durable)
-    else:
-        atomic_write(path, lambda f: pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL), durable=durable)
+    caller syncs a batch (:func:`sync_files`) before an index names them. Returns the file's
+    ``(bytes, crc32)`` for its index entry."""
+    summed: list[_Summed] = []
+
+    def write(f: BinaryIO) -> None:
+        out = _Summed(f)
+        summed[:] = [out]
+        if fmt == "pt":
+            torch.save(payload, out)  # type: ignore[arg-type]
+        else:
+            pickle.dump(payload, out, protocol=pickle.HIGHEST_PROTOCOL)
+
+    atomic_write(path, write, durable=durable)
+    return summed[0].size, summed[0].crc
+
+
+def copy_file(source: str, target: str, entry: Entry) -> Entry:
+    """Copy the trajectory file ``source`` (a regular file, checked against ``entry`` where it records a size
+    and checksum) to the new file ``target``, fsynced; return ``entry`` recording the copy's size and crc32.
+
+    Raises:
+        CheckpointNotFoundError: no ``source``. CheckpointError: ``source`` is a symlink or a special file,
+            differs from ``entry``, or cannot be read or written.
+    """
+    try:
+        fd = open_regular(source)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"trajectory file '{source}' is missing") from None
+    except CheckpointError as exc:
+        raise CheckpointError(f"trajectory file {exc}") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read trajectory file '{source}': {exc.strerror or exc}") from exc
+    crc = size = 0
+    try:
+        with os.fdopen(fd, "rb", buffering=0) as f, open(target, "xb") as out:
+            while block := f.read(COPY_BLOCK):
+                crc = zlib.crc32(block, crc)
+                size += len(block)
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        raise CheckpointError(f"cannot copy trajectory file '{source}' to '{target}': {exc.strerror or exc}") from exc
+    if entry.nbytes is not None and entry.crc32 is not None and (size, crc) != (entry.nbytes, entry.crc32):
+        raise CheckpointError(
+            f"trajectory file '{source}' is damaged: {size} bytes with crc32 {crc:08x}, its index entry says "
+            f"{entry.nbytes} bytes with crc32 {entry.crc32:08x}"
+        )
+    return entry.with_file(size, crc)
 
 
 def sync_files(folder: str, paths: list[str]) -> None:

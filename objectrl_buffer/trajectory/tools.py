@@ -3,7 +3,9 @@
 Unlike RLinf's ``merge_or_split_replay_buffer.py`` (which moves the user's files by default and writes in
 place), both tools copy by default and build the destination in a temp folder beside it, renamed into
 place at the end: a failure leaves the source untouched and no half-made destination. ``move=True``
-removes the source's files only after the destination is complete.
+removes the source's files only after the destination is complete. Source files are read as the loader
+reads them (regular files only, never a symlink out of the folder or a FIFO; checked against their index's
+size and crc32 where it records them), and the destination's index records each copy's size and crc32.
 """
 
 from __future__ import annotations
@@ -44,20 +46,20 @@ def _publish(destination: str, items: list[tuple[str, Entry]], fmt: str, seed: A
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(destination)}.", suffix=".tmp", dir=parent)
     try:
-        total = sum(os.path.getsize(path) for path, _ in items)
+        total = sum(os.lstat(path).st_size for path, _ in items)
 
-        def copy(item: tuple[str, Entry]) -> int:
+        def copy(item: tuple[str, Entry]) -> Entry:
             path, entry = item
             target = os.path.join(tmp, files.file_name(entry.trajectory_id, entry.model_weights_id, fmt))
-            shutil.copy2(path, target)
-            fsync_path(target)  # durable before the folder is renamed into place
-            return os.path.getsize(target)
+            return files.copy_file(path, target, entry)  # fsynced: durable before the folder is renamed into place
 
         # fsync waits on the device with the GIL released: several in flight overlap their waits
+        copied = []
         with progress_bar(total, "copying trajectories", progress) as bar, ThreadPoolExecutor(COPY_THREADS) as pool:
-            for nbytes in pool.map(copy, items):
-                bar.update(nbytes)
-        files.write_index(tmp, [e for _, e in items], fmt, seed, legacy=True, storage_dir=destination)
+            for entry in pool.map(copy, items):
+                copied.append(entry)
+                bar.update(entry.nbytes or 0)
+        files.write_index(tmp, copied, fmt, seed, legacy=True, storage_dir=destination)
         if os.path.isdir(destination):
             os.rmdir(destination)  # empty (checked): rename needs it gone
         os.rename(tmp, destination)

@@ -2,6 +2,8 @@
 
 Trajectory files are written in the order they were added; the index and metadata are rewritten only after
 the files they name exist, so the folder loads after a kill at any moment, holding a prefix of what was added.
+A file the published index names is never overwritten (ids restart at 0 after a clear or a load): the index is
+republished without it first. Each index entry records its file's size and crc32.
 """
 
 from __future__ import annotations
@@ -38,11 +40,16 @@ class TrajectoryWriter:
     and raised (as :class:`CheckpointError`) by the next :meth:`submit`, :meth:`flush` or :meth:`close`.
     """
 
-    def __init__(self, folder: str, fmt: str, seed: Any, entries: list[Entry] | None = None) -> None:
+    def __init__(
+        self, folder: str, fmt: str, seed: Any, entries: list[Entry] | None = None, *, publish: bool = True
+    ) -> None:
+        """``entries``: what ``folder``'s index names already. ``publish=False``: the folder has an index
+        naming ``entries`` (a resumed folder), left as it is until there is something to change."""
         self.folder = folder
         self.fmt = fmt
         self.seed = seed
-        self.entries: list[Entry] = list(entries or [])  # what the published index names (writer thread only)
+        self.entries: list[Entry] = list(entries or [])  # the index to publish next (writer thread only)
+        self._named = {self._path(e) for e in self.entries}  # files the published index names
         self._doomed: list[str] = []  # files of dropped trajectories, deleted once the index no longer names them
         self._unsynced: list[str] = []  # files written since the last index, synced just before the next
         self._dirty = False
@@ -54,7 +61,8 @@ class TrajectoryWriter:
         self.error: BaseException | None = None
         self.closed = False
         os.makedirs(folder, exist_ok=True)
-        self._publish()  # before any trajectory lands, the folder already loads (empty, or as resumed)
+        if publish:
+            self._publish()  # before any trajectory lands, the folder already loads
         self._thread = threading.Thread(target=self._run, name="objectrl_buffer-trajectory-writer", daemon=True)
         self._thread.start()
 
@@ -100,6 +108,9 @@ class TrajectoryWriter:
             self.raise_error()
 
     # ------------------------------------------------------------------ writer thread
+    def _path(self, entry: Entry) -> str:
+        return os.path.join(self.folder, files.file_name(entry.trajectory_id, entry.model_weights_id, self.fmt))
+
     def _release(self, nbytes: int) -> None:
         with self._room:
             self._pending -= nbytes
@@ -110,6 +121,7 @@ class TrajectoryWriter:
         unsynced, self._unsynced = self._unsynced, []
         files.sync_files(self.folder, unsynced)  # durable before the index names them
         files.write_index(self.folder, self.entries, self.fmt, self.seed)
+        self._named = {self._path(e) for e in self.entries}
         self._published = time.monotonic()
         self._publish_cost = self._published - start
         doomed, self._doomed = self._doomed, []
@@ -122,20 +134,20 @@ class TrajectoryWriter:
         if op == "write":
             entry, payload, nbytes = arg
             try:
-                path = os.path.join(self.folder, files.file_name(entry.trajectory_id, entry.model_weights_id, self.fmt))
-                if path in self._doomed:  # an evicted file of the same name (ids restart after a clear)
+                path = self._path(entry)
+                if path in self._named:  # the published index names a file of this name (ids restarted)
+                    self._publish()  # which no longer names it (self.entries cannot: ids are unique)
+                if path in self._doomed:  # an evicted, not yet deleted file of the same name
                     self._doomed.remove(path)
-                files.write_payload(path, payload, self.fmt, durable=False)
+                nbytes, crc = files.write_payload(path, payload, self.fmt, durable=False)
                 self._unsynced.append(path)
-                self.entries.append(entry)
+                self.entries.append(entry.with_file(nbytes, crc))
             finally:
                 self._release(nbytes)
         elif op == "drop":
             kept = [e for e in self.entries if e.trajectory_id not in arg]
             gone = [e for e in self.entries if e.trajectory_id in arg]
-            self._doomed += [
-                os.path.join(self.folder, files.file_name(e.trajectory_id, e.model_weights_id, self.fmt)) for e in gone
-            ]
+            self._doomed += [self._path(e) for e in gone]
             self.entries = kept
         elif op == "reset":
             self.entries = arg

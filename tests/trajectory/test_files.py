@@ -8,6 +8,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +60,13 @@ def test_flushed_folder_has_rlinf_names_keys_and_index(make: Any, tmp_path: Path
     }  # fmt: skip
     index = json.loads((tmp_path / "trajectory_index.json").read_text())
     assert index["trajectory_id_list"] == [0, 1, 2]
-    assert index["trajectory_index"]["1"] == {
+    info = index["trajectory_index"]["1"]
+    checksum = {"bytes": info.pop("bytes"), "crc32": info.pop("crc32")}  # ours, beside RLinf's keys
+    assert info == {
         "num_samples": 8, "trajectory_id": 1, "max_episode_length": 4, "shape": [4, 2], "model_weights_id": "w1_0",
     }  # fmt: skip
+    blob = (tmp_path / "trajectory_1_w1_0.pt").read_bytes()
+    assert checksum == {"bytes": len(blob), "crc32": f"{zlib.crc32(blob):08x}"}
     payload = torch.load(tmp_path / "trajectory_1_w1_0.pt", weights_only=True)
     assert payload["model_weights_id"] == "w1_0" and payload["max_episode_length"] == 4
     assert torch.equal(payload["curr_obs"]["state"], torch.full((4, 2, 3), 1.0))
