@@ -3,14 +3,19 @@ manifest (crc32 and size of each file) written last, every file through ``checkp
 
 Files carry a fresh token in their names, so a save over an old checkpoint never touches the files the old
 manifest names: a crash leaves the old checkpoint or the new one, and superseded files go after the swap.
-Loading is JSON and raw bytes only (no pickle).
+Saves of one folder take turns: each holds ``<folder>/manifest.json.lock`` (``lock_file``: an ``flock`` the
+kernel releases if the saver dies) from its first file to its cleanup, so no save removes the files of
+another, and every save that returns leaves a folder that loads (the last one to take the lock wins).
+Loading is JSON and raw bytes only (no pickle), and refuses links and special files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import re
 import secrets
 import zlib
 from typing import Any, BinaryIO
@@ -18,6 +23,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from objectrl_buffer.checkpoint.io import atomic_write, open_regular, read_small_file, readinto_exact
+from objectrl_buffer.core.sync import lock_file
 from objectrl_buffer.core.vocab import Vocab
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 
@@ -29,6 +35,10 @@ __all__ = ["save_table", "load_table"]
 FORMAT = "objectrl_buffer.tasks.checkpoint/1"
 MANIFEST = "manifest.json"
 _MANIFEST_LIMIT = 1 << 20
+LOCK = MANIFEST + ".lock"
+_KINDS = ("rows", "lengths", "vocab")
+# what atomic_write leaves of a saver killed mid-file: "<name>.<8 hex>.tmp"
+_TEMP = re.compile(r"(?:manifest\.json|(?:rows|lengths|vocab)\.[0-9a-f]{8}\.bin)\.[0-9a-f]{8}\.tmp")
 
 
 def save_table(table: TaskTable, path: str | os.PathLike[str], max_capacity: int) -> None:
@@ -38,26 +48,40 @@ def save_table(table: TaskTable, path: str | os.PathLike[str], max_capacity: int
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"cannot create checkpoint folder '{folder}': {exc.strerror or exc}") from exc
-    token = secrets.token_hex(4)
     blobs = [encode_row(r) for r in table.each_row()]
     files = {
         "rows": b"".join(blobs),
         "lengths": np.array([len(b) for b in blobs], dtype="<i8").tobytes(),
         "vocab": json.dumps({n: table.vocabs[n].strings for n in META_STRINGS}).encode(),
     }
-    described = {}
-    for kind, payload in files.items():
-        name = f"{kind}.{token}.bin"
-        atomic_write(os.path.join(folder, name), functools.partial(_write, payload=payload))
-        described[kind] = {"name": name, "bytes": len(payload), "crc32": zlib.crc32(payload)}
-    manifest = {"format": FORMAT, "rows": len(blobs), "max_capacity": max_capacity, "files": described}
-    atomic_write(
-        os.path.join(folder, MANIFEST), functools.partial(_write, payload=json.dumps(manifest, indent=1).encode())
-    )
-    keep = {d["name"] for d in described.values()} | {MANIFEST}
-    for old in os.listdir(folder):
-        if old.endswith(".bin") and old not in keep and old.split(".")[0] in files:
-            os.unlink(os.path.join(folder, old))
+    lock = os.path.join(folder, LOCK)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(lock_file(lock))
+        except OSError as exc:
+            raise CheckpointError(f"cannot save '{folder}': cannot lock '{lock}': {exc.strerror or exc}") from exc
+        token = secrets.token_hex(4)
+        described = {}
+        for kind, payload in files.items():
+            name = f"{kind}.{token}.bin"
+            atomic_write(os.path.join(folder, name), functools.partial(_write, payload=payload))
+            described[kind] = {"name": name, "bytes": len(payload), "crc32": zlib.crc32(payload)}
+        manifest = {"format": FORMAT, "rows": len(blobs), "max_capacity": max_capacity, "files": described}
+        text = json.dumps(manifest, indent=1).encode()
+        atomic_write(os.path.join(folder, MANIFEST), functools.partial(_write, payload=text))
+        _remove_stale(folder, {d["name"] for d in described.values()})
+
+
+def _remove_stale(folder: str, keep: set[str]) -> None:
+    """Under the save lock: remove the files of older saves and the temp files of killed ones (best effort:
+    the new checkpoint is complete already)."""
+    try:
+        for entry in os.scandir(folder):
+            old = entry.name.endswith(".bin") and entry.name.split(".")[0] in _KINDS and entry.name not in keep
+            if (old or _TEMP.fullmatch(entry.name)) and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+    except OSError:
+        pass
 
 
 def _write(f: BinaryIO, payload: bytes) -> None:
