@@ -27,6 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from objectrl_buffer.core.validate import _brief
+from objectrl_buffer.errors import InvalidArgumentError
+
 __all__ = [
     "ExpMeta",
     "Experience",
@@ -46,6 +49,8 @@ NUMERIC = ("step", "execute_time", "reward_t", "adv_t", "v_t")
 """Fields held as float64 columns (NaN for None): the meta numbers, then the scalar rewards of ``exp_data``."""
 _DATA_NUMERIC = ("reward_t", "adv_t", "v_t")
 _MAX_DEPTH = 64
+_MAX_DIM = 2**62
+_QUANT = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 _NUMBER = frozenset({int, float})
 _STR = frozenset({str})
@@ -123,7 +128,7 @@ def json_form(value: Any, where: str, depth: int = 0) -> Any:
     if depth > _MAX_DEPTH:
         raise TypeError(f"{where}: nested more than {_MAX_DEPTH} levels deep (a cycle?)")
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        return _tensor_copy(value, where)
     if isinstance(value, np.ndarray):
         if value.dtype.kind in "OUSV":  # objects and strings: no tensor dtype, keep their JSON form
             return [json_form(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value.tolist())]
@@ -144,6 +149,15 @@ def json_form(value: Any, where: str, depth: int = 0) -> Any:
         f"{where}: cannot store a {type(value).__name__} (payloads are JSON values, tensors, arrays, dataclasses, "
         "or objects with model_dump()/to_dict())"
     )
+
+
+def _tensor_copy(value: torch.Tensor, where: str) -> torch.Tensor:
+    """A CPU copy of a payload tensor; InvalidArgumentError naming ``where`` for one without plain data to copy
+    (on the meta device, sparse or another layout, quantized): such a tensor cannot be stored nor encoded."""
+    if value.device.type == "meta" or value.layout != torch.strided or value.is_quantized or value.dtype in _QUANT:
+        kind = "on the meta device" if value.device.type == "meta" else f"{value.layout} {value.dtype}"
+        raise InvalidArgumentError(f"{where}: cannot store a tensor {kind} (only dense, non-quantized tensors)")
+    return value.detach().to("cpu", copy=True)
 
 
 def _plain_scalar(value: str | bool | int | float | None) -> Any:
@@ -171,7 +185,9 @@ def _json_key(key: Any, where: str) -> str:
 
 
 def _scalar(value: Any) -> float | None:
-    """The float of a real scalar (number, NumPy scalar, one-element real tensor), else None."""
+    """The float of a real scalar (number, NumPy scalar, one-element real tensor), else None.
+
+    Raises ``OverflowError`` for a number beyond the float range (``10**400``)."""
     if type(value) in (float, int):
         return float(value)
     if value is None:
@@ -296,11 +312,20 @@ def _column_values(
         name,
         agent,
         pre,
-        nan if step is None else float(step),
-        nan if when is None else float(when),
-        reward if type(reward) is float else nan if reward is None else _number(reward),
-        adv if type(adv) is float else nan if adv is None else _number(adv),
-        v if type(v) is float else nan if v is None else _number(v),
+        nan if step is None else float(step) if _STEP_LOW <= step < _STEP_HIGH else _bad_step(step),
+        when if type(when) is float else nan if when is None else _number(when, "exp_meta.execute_time"),
+        reward if type(reward) is float else nan if reward is None else _number(reward, "exp_data.reward_t"),
+        adv if type(adv) is float else nan if adv is None else _number(adv, "exp_data.adv_t"),
+        v if type(v) is float else nan if v is None else _number(v, "exp_data.v_t"),
+    )
+
+
+_STEP_LOW, _STEP_HIGH = -(2**63), 2**63  # an int64: what TensorDictConverter's step column holds
+
+
+def _bad_step(step: Any) -> float:
+    raise InvalidArgumentError(
+        f"exp_meta.step must be a finite number in [-2**63, 2**63) (an int64 step), got {_brief(step)}"
     )
 
 
@@ -370,7 +395,10 @@ def encode_record(row: Any) -> tuple[str, tuple[Any, ...]] | None:
     # includes brackets inside strings, so it only bounds the depth: a row over it takes the general path.
     if text.count("[") + text.count("{") > _MAX_DEPTH + 2:
         return None
-    return text, _column_values(task_id, name, agent, pre, step, when, reward, adv, v)
+    try:
+        return text, _column_values(task_id, name, agent, pre, step, when, reward, adv, v)
+    except InvalidArgumentError:  # a number out of range: the general path raises it
+        return None
 
 
 def decode_record(text: str) -> DataRow:
@@ -380,9 +408,13 @@ def decode_record(text: str) -> DataRow:
     return DataRow(meta, Experience(state, actions, reward, adv, v, messages), row_id)
 
 
-def _number(value: Any) -> float:
-    """The column value of a reward field: its float when a real scalar, else NaN."""
-    found = _scalar(value)
+def _number(value: Any, where: str) -> float:
+    """The column value of a number field: its float when a real scalar, else NaN; InvalidArgumentError naming
+    ``where`` for a number beyond the float range (``10**400``), which no column nor converter can hold."""
+    try:
+        found = _scalar(value)
+    except OverflowError:
+        raise InvalidArgumentError(f"{where} must fit a float64, got {_brief(value)}") from None
     return math.nan if found is None else found
 
 
@@ -414,37 +446,72 @@ def encode_row(row: DataRow) -> bytes:
     return b"".join([struct.pack("<I", len(text)), text, *blobs])
 
 
+def _tensor_shape(shape: Any) -> list[int]:
+    """A stored tensor's shape, checked: a list of ints in ``[0, 2**62]`` whose non-zero dims multiply to at
+    most ``2**62`` (ValueError otherwise: a forged file must not reach torch with a negative or huge shape)."""
+    if type(shape) is not list or not all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape):
+        raise ValueError(f"a stored tensor's shape must be a list of ints in [0, 2**62], got {str(shape)[:80]}")
+    if math.prod(d for d in shape if d) > _MAX_DIM:
+        raise ValueError(f"a stored tensor's shape {shape} has more than 2**62 elements")
+    return shape
+
+
 def _unpack(value: Any, blob: memoryview, offsets: list[int]) -> Any:
     if isinstance(value, list):
         return [_unpack(v, blob, offsets) for v in value]
     if not isinstance(value, dict):
         return value
     if _DICT in value and len(value) == 1:
+        if not isinstance(value[_DICT], dict):
+            raise ValueError(f"a stored row's {_DICT} marker holds a {type(value[_DICT]).__name__}, not a dict")
         return {k: _unpack(v, blob, offsets) for k, v in value[_DICT].items()}
     if _TENSOR in value and len(value) == 1:
-        _, dtype_name, shape = value[_TENSOR]
-        dtype = getattr(torch, dtype_name, None)
+        marker = value[_TENSOR]
+        if not (isinstance(marker, list) and len(marker) == 3 and isinstance(marker[1], str)):
+            raise ValueError(f"a stored row has a malformed tensor marker {str(marker)[:80]}")
+        dtype = getattr(torch, marker[1], None)
         if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"unknown tensor dtype {dtype_name!r} in a stored row")
-        count = math.prod(shape)
-        nbytes = count * dtype.itemsize
+            raise ValueError(f"unknown tensor dtype {marker[1]!r} in a stored row")
+        shape = _tensor_shape(marker[2])
+        nbytes = math.prod(shape) * dtype.itemsize
         start = offsets[0]
-        if start + nbytes > len(blob):
+        if start + nbytes > len(blob):  # checked before anything is allocated: at most the row's own bytes
             raise ValueError("a stored row is shorter than its tensors")
         offsets[0] = start + nbytes
-        raw = torch.frombuffer(bytearray(blob[start : start + nbytes]), dtype=torch.uint8) if nbytes else None
-        return (raw.view(dtype) if raw is not None else torch.empty(0, dtype=dtype)).reshape(shape)
+        try:
+            raw = torch.frombuffer(bytearray(blob[start : start + nbytes]), dtype=torch.uint8) if nbytes else None
+            return (raw.view(dtype) if raw is not None else torch.empty(0, dtype=dtype)).reshape(shape)
+        except RuntimeError as exc:  # a dtype torch cannot view bytes as (quantized, sub-byte)
+            raise ValueError(f"a stored {marker[1]} tensor of shape {shape} cannot be rebuilt: {exc}") from None
     return {k: _unpack(v, blob, offsets) for k, v in value.items()}
 
 
 def decode_row(payload: bytes | memoryview) -> DataRow:
-    """The row :func:`encode_row` wrote (ValueError on malformed bytes). Plain JSON and raw bytes: no pickle."""
+    """The row :func:`encode_row` wrote. Plain JSON and raw bytes: no pickle.
+
+    Raises:
+        ValueError: malformed bytes of any kind (a forged header, nesting too deep for ``json``, a tensor
+            with a negative or huge shape or past the end of the row); nothing beyond the row's size is
+            allocated first.
+    """
     view = memoryview(payload)
     if len(view) < 4:
         raise ValueError("a stored row is shorter than its header")
     (length,) = struct.unpack_from("<I", view)
-    header = json.loads(bytes(view[4 : 4 + length]))
-    offsets = [0]
-    tail = view[4 + length :]
-    data = {k: _unpack(v, tail, offsets) for k, v in header["data"].items()}
-    return DataRow(ExpMeta(**header["meta"]), Experience(**data), header["id"])
+    if 4 + length > len(view):
+        raise ValueError("a stored row is shorter than its header")
+    try:
+        header = json.loads(bytes(view[4 : 4 + length]))
+        if not (isinstance(header, dict) and isinstance(header.get("data"), dict)):
+            raise ValueError("a stored row's header is not a dict with a 'data' dict")
+        offsets = [0]
+        tail = view[4 + length :]
+        data = {k: _unpack(v, tail, offsets) for k, v in header["data"].items()}
+        meta = header.get("meta")
+        if not isinstance(meta, dict):
+            raise ValueError("a stored row's header has no 'meta' dict")
+        return DataRow(ExpMeta(**meta), Experience(**data), header.get("id"))
+    except RecursionError:
+        raise ValueError("a stored row is nested too deep") from None
+    except TypeError as exc:  # ExpMeta/Experience of missing or unknown fields
+        raise ValueError(f"a stored row has malformed fields: {exc}") from None
