@@ -28,7 +28,8 @@ from objectrl_buffer.core.validate import MAX_SIZE
 from objectrl_buffer.core.vocab import Vocab
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 
-from .rows import META_STRINGS, decode_row, encode_row
+from .codec import decode_row, encode_row
+from .rows import META_STRINGS
 from .table import TaskTable
 
 __all__ = ["save_table", "load_table"]
@@ -62,15 +63,17 @@ def save_table(table: TaskTable, path: str | os.PathLike[str], max_capacity: int
         except OSError as exc:
             raise CheckpointError(f"cannot save '{folder}': cannot lock '{lock}': {exc.strerror or exc}") from exc
         token = secrets.token_hex(4)
-        described = {}
+        described: dict[str, dict[str, Any]] = {}
+        names = set()
         for kind, payload in files.items():
             name = f"{kind}.{token}.bin"
+            names.add(name)
             atomic_write(os.path.join(folder, name), functools.partial(_write, payload=payload))
             described[kind] = {"name": name, "bytes": len(payload), "crc32": zlib.crc32(payload)}
         manifest = {"format": FORMAT, "rows": len(blobs), "max_capacity": max_capacity, "files": described}
         text = json.dumps(manifest, indent=1).encode()
         atomic_write(os.path.join(folder, MANIFEST), functools.partial(_write, payload=text))
-        _remove_stale(folder, {d["name"] for d in described.values()})
+        _remove_stale(folder, names)
 
 
 def _remove_stale(folder: str, keep: set[str]) -> None:

@@ -2,7 +2,7 @@
 
 A stored row is *normalised* first: its meta fields are checked (they feed the tensor query columns), and its
 payload (state, actions, messages, non-scalar rewards) is turned into its JSON form with tensors kept as
-tensors. That form is what comes back, and what :func:`encode_row` writes as bytes (JSON + raw tensor
+tensors. That form is what comes back, and what :func:`~.codec.encode_row` writes as bytes (JSON + raw tensor
 bytes, never pickle) for other processes and checkpoints. The JSON form is what a JSON round trip gives:
 subclasses of str/int/float (enums, NumPy's ``float64``) come back as the plain type, and dict keys that
 are int, float, bool or None come back as the strings ``json`` makes of them.
@@ -19,7 +19,6 @@ import json.encoder
 import math
 import numbers
 import operator
-import struct
 import uuid
 from dataclasses import InitVar, dataclass, field
 from typing import Any
@@ -39,8 +38,6 @@ __all__ = [
     "normalize_row",
     "encode_record",
     "decode_record",
-    "encode_row",
-    "decode_row",
 ]
 
 META_STRINGS = ("task_id", "task_name", "agent_id", "pre_agent")
@@ -49,7 +46,6 @@ NUMERIC = ("step", "execute_time", "reward_t", "adv_t", "v_t")
 """Fields held as float64 columns (NaN for None): the meta numbers, then the scalar rewards of ``exp_data``."""
 _DATA_NUMERIC = ("reward_t", "adv_t", "v_t")
 _MAX_DEPTH = 64
-_MAX_DIM = 2**62
 _QUANT = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 _NUMBER = frozenset({int, float})
@@ -58,7 +54,6 @@ _META_NAMES = ("task_id", "task_name", "agent_id", "pre_agent", "step", "execute
 _DATA_NAMES = ("state", "actions", "messages", "reward_t", "adv_t", "v_t")
 _DATA_WHERE = tuple(f"exp_data.{n}" for n in _DATA_NAMES)
 _META_FIELDS, _DATA_FIELDS = operator.attrgetter(*_META_NAMES), operator.attrgetter(*_DATA_NAMES)
-_TENSOR, _DICT = "$tensor", "$dict"  # markers in the encoded JSON; a user dict holding one is wrapped in $dict
 
 
 @dataclass
@@ -416,102 +411,3 @@ def _number(value: Any, where: str) -> float:
     except OverflowError:
         raise InvalidArgumentError(f"{where} must fit a float64, got {_brief(value)}") from None
     return math.nan if found is None else found
-
-
-# ---- bytes: u32 length of the JSON header, the JSON, then the raw bytes of each tensor in order ----
-
-
-def _pack(value: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(value, torch.Tensor):
-        tensors.append(value)
-        return {_TENSOR: [len(tensors) - 1, str(value.dtype).removeprefix("torch."), list(value.shape)]}
-    if isinstance(value, list):
-        return [_pack(v, tensors) for v in value]
-    if isinstance(value, dict):
-        packed = {k: _pack(v, tensors) for k, v in value.items()}
-        return {_DICT: packed} if (_TENSOR in value or _DICT in value) else packed
-    return value
-
-
-def encode_row(row: DataRow) -> bytes:
-    """The bytes of a normalised row (see :func:`normalize_row`); :func:`decode_row` gives it back."""
-    tensors: list[torch.Tensor] = []
-    header = {
-        "id": row.id,
-        "meta": row.exp_meta.to_dict(),
-        "data": {f.name: _pack(getattr(row.exp_data, f.name), tensors) for f in dataclasses.fields(row.exp_data)},
-    }
-    text = json.dumps(header, separators=(",", ":")).encode()
-    blobs = [t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors]
-    return b"".join([struct.pack("<I", len(text)), text, *blobs])
-
-
-def _tensor_shape(shape: Any) -> list[int]:
-    """A stored tensor's shape, checked: a list of ints in ``[0, 2**62]`` whose non-zero dims multiply to at
-    most ``2**62`` (ValueError otherwise: a forged file must not reach torch with a negative or huge shape)."""
-    if type(shape) is not list or not all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape):
-        raise ValueError(f"a stored tensor's shape must be a list of ints in [0, 2**62], got {str(shape)[:80]}")
-    if math.prod(d for d in shape if d) > _MAX_DIM:
-        raise ValueError(f"a stored tensor's shape {shape} has more than 2**62 elements")
-    return shape
-
-
-def _unpack(value: Any, blob: memoryview, offsets: list[int]) -> Any:
-    if isinstance(value, list):
-        return [_unpack(v, blob, offsets) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if _DICT in value and len(value) == 1:
-        if not isinstance(value[_DICT], dict):
-            raise ValueError(f"a stored row's {_DICT} marker holds a {type(value[_DICT]).__name__}, not a dict")
-        return {k: _unpack(v, blob, offsets) for k, v in value[_DICT].items()}
-    if _TENSOR in value and len(value) == 1:
-        marker = value[_TENSOR]
-        if not (isinstance(marker, list) and len(marker) == 3 and isinstance(marker[1], str)):
-            raise ValueError(f"a stored row has a malformed tensor marker {str(marker)[:80]}")
-        dtype = getattr(torch, marker[1], None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"unknown tensor dtype {marker[1]!r} in a stored row")
-        shape = _tensor_shape(marker[2])
-        nbytes = math.prod(shape) * dtype.itemsize
-        start = offsets[0]
-        if start + nbytes > len(blob):  # checked before anything is allocated: at most the row's own bytes
-            raise ValueError("a stored row is shorter than its tensors")
-        offsets[0] = start + nbytes
-        try:
-            raw = torch.frombuffer(bytearray(blob[start : start + nbytes]), dtype=torch.uint8) if nbytes else None
-            return (raw.view(dtype) if raw is not None else torch.empty(0, dtype=dtype)).reshape(shape)
-        except RuntimeError as exc:  # a dtype torch cannot view bytes as (quantized, sub-byte)
-            raise ValueError(f"a stored {marker[1]} tensor of shape {shape} cannot be rebuilt: {exc}") from None
-    return {k: _unpack(v, blob, offsets) for k, v in value.items()}
-
-
-def decode_row(payload: bytes | memoryview) -> DataRow:
-    """The row :func:`encode_row` wrote. Plain JSON and raw bytes: no pickle.
-
-    Raises:
-        ValueError: malformed bytes of any kind (a forged header, nesting too deep for ``json``, a tensor
-            with a negative or huge shape or past the end of the row); nothing beyond the row's size is
-            allocated first.
-    """
-    view = memoryview(payload)
-    if len(view) < 4:
-        raise ValueError("a stored row is shorter than its header")
-    (length,) = struct.unpack_from("<I", view)
-    if 4 + length > len(view):
-        raise ValueError("a stored row is shorter than its header")
-    try:
-        header = json.loads(bytes(view[4 : 4 + length]))
-        if not (isinstance(header, dict) and isinstance(header.get("data"), dict)):
-            raise ValueError("a stored row's header is not a dict with a 'data' dict")
-        offsets = [0]
-        tail = view[4 + length :]
-        data = {k: _unpack(v, tail, offsets) for k, v in header["data"].items()}
-        meta = header.get("meta")
-        if not isinstance(meta, dict):
-            raise ValueError("a stored row's header has no 'meta' dict")
-        return DataRow(ExpMeta(**meta), Experience(**data), header.get("id"))
-    except RecursionError:
-        raise ValueError("a stored row is nested too deep") from None
-    except TypeError as exc:  # ExpMeta/Experience of missing or unknown fields
-        raise ValueError(f"a stored row has malformed fields: {exc}") from None

@@ -26,8 +26,7 @@ def row_bytes(state: Any = None, meta: dict[str, Any] | None = None, text: str |
     if text is None:
         header = {
             "id": "r",
-            "meta": {"task_id": "t", "task_name": "n", "agent_id": "a", "step": 0, "execute_time": 0.0}
-            | (meta or {}),
+            "meta": {"task_id": "t", "task_name": "n", "agent_id": "a", "step": 0, "execute_time": 0.0} | (meta or {}),
             "data": {"state": state, "actions": None, "reward_t": None, "adv_t": None, "v_t": None, "messages": None},
         }
         text = json.dumps(header)
@@ -175,7 +174,7 @@ def test_shared_folder_with_a_hostile_row(tmp_path: Path, case: str) -> None:
     folder = shared_folder(tmp_path)
     append_row(folder, HOSTILE_ROWS[case])
     storage = SharedTaskStorage(max_capacity=50, path=folder)
-    with pytest.raises(CheckpointError, match="rows.data"):
+    with pytest.raises(CheckpointError, match=r"rows\.data"):
         storage.get_all()
 
 
@@ -190,9 +189,9 @@ def test_shared_record_of_an_unknown_kind(tmp_path: Path) -> None:
     folder = shared_folder(tmp_path)
     append_row(folder, row_bytes(), kind=9)
     storage = SharedTaskStorage(max_capacity=50, path=folder)
-    with pytest.raises(CheckpointError, match="rows.index"):
+    with pytest.raises(CheckpointError, match=r"rows\.index"):
         storage.get_all()
-    with pytest.raises(CheckpointError, match="rows.index"):
+    with pytest.raises(CheckpointError, match=r"rows\.index"):
         storage.add(step_row(1, 1, 1))  # a writer does not take it for a clear either
 
 
@@ -241,5 +240,5 @@ def test_shared_folder_refuses_a_fifo_without_blocking(tmp_path: Path, name: str
 def test_shared_folder_with_hostile_settings(tmp_path: Path, settings: str) -> None:
     folder = shared_folder(tmp_path)
     (folder / "tasks.json").write_text(settings)
-    with pytest.raises(CheckpointError, match="tasks.json"):
+    with pytest.raises(CheckpointError, match=r"tasks\.json"):
         SharedTaskStorage(max_capacity=50, path=folder)

@@ -3,7 +3,7 @@ releases on death, each batch made visible by fixed-size commit records written 
 
 Files in the folder:
 
-* ``rows.data``: the encoded rows (:func:`~objectrl_buffer.tasks.rows.encode_row`: JSON + raw tensor bytes),
+* ``rows.data``: the encoded rows (:func:`~objectrl_buffer.tasks.codec.encode_row`: JSON + raw tensor bytes),
   back to back.
 * ``rows.index``: one 44-byte record per row/eviction: ``kind, more, offset, length, task hash, crc32 of the
   bytes, crc32 of the record``. ``more`` counts the records still to come in the same store, so a reader
@@ -42,7 +42,8 @@ from objectrl_buffer.core.sync import lock_file
 from objectrl_buffer.core.validate import folder, positive_int
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
 
-from ..rows import DataRow, decode_row, encode_row, normalize_row
+from ..codec import decode_row, encode_row
+from ..rows import DataRow, normalize_row
 from ..table import TaskTable
 from .base import TableStorage
 
@@ -83,7 +84,9 @@ class SharedTaskStorage(TableStorage):
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as exc:
-            raise CheckpointError(f"cannot create the task storage folder '{self.path}': {exc.strerror or exc}") from exc
+            raise CheckpointError(
+                f"cannot create the task storage folder '{self.path}': {exc.strerror or exc}"
+            ) from exc
         with self._locked():
             held = self._settings()
             if held is None:  # a new folder: its files, then the settings that say it is complete
@@ -226,7 +229,8 @@ class SharedTaskStorage(TableStorage):
             pending.clear()
             values.clear()
 
-        decoded = []  # every row decoded and checked before the mirror changes: a bad one changes nothing
+        # every row decoded and checked before the mirror changes: a bad one changes nothing
+        decoded: list[tuple[int, int, tuple[DataRow, tuple[Any, ...]] | None]] = []
         for kind, _, offset, length, key, data_crc in records:
             payload = blob[offset - first : offset - first + length]
             if zlib.crc32(payload) != data_crc:
