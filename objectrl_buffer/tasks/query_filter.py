@@ -347,8 +347,10 @@ def compile_query(cond: QueryCondition | None, columns: Columns) -> torch.Tensor
     """bool ``[columns.n]``, CPU: which rows match ``cond`` (None or ``{}`` matches every row).
 
     Raises :class:`QueryError` naming an unknown operator or field, ordering of a string field, a non-collection
-    ``in_``/``not_in`` value or a non-string ``like`` pattern. Reads only; evaluates the whole query even when
-    part of it is already decided, so every malformed leaf is reported whatever the data.
+    ``in_``/``not_in`` value, a non-string ``like`` pattern, or a query that contains itself. Reads only;
+    evaluates the whole query even when part of it is already decided, so every malformed leaf is reported
+    whatever the data. Any depth runs (no recursion), ``like`` is linear in each string, and a number beyond
+    float64 (``10**400``) compares exactly (equal to nothing, beyond every finite value).
     """
     if not cond:
         return torch.ones(columns.n, dtype=torch.bool)

@@ -253,6 +253,8 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
     Raises:
         ValueError: ``row`` is falsy or has no ``exp_meta`` (AWorld's messages).
         TypeError: a meta field of the wrong type, or a payload value that cannot be stored (named).
+        InvalidArgumentError: a ``step`` no int64 holds (NaN, inf, ``1e300``, ``2**70``), a number no float64
+            holds (``10**400``), a tensor on the meta device, sparse or quantized (named).
     """
     if not row:
         raise ValueError("Data is required")

@@ -135,7 +135,8 @@ class InMemoryStorage(TableStorage):
 
     Raises (storing nothing): ``ValueError`` for a missing row or ``exp_meta``, ``TypeError`` for a field or
     payload of the wrong type, :class:`~objectrl_buffer.errors.InvalidArgumentError` when one task alone would
-    hold more than ``max_capacity`` rows.
+    hold more than ``max_capacity`` rows, for a ``step`` outside int64 (NaN, inf, ``2**70``), a number beyond
+    float64 (``10**400``) or a tensor without plain data (meta device, sparse, quantized), each named.
     """
 
     def __init__(self, max_capacity: int = 10000) -> None:
