@@ -3,15 +3,19 @@ loads as exactly one of the saved buffers (saves of one folder take turns under 
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from objectrl_buffer.core.sync import lock_file
 from objectrl_buffer.tasks import InMemoryStorage, TaskReplayBuffer
+from tests.support import deadline
 from tests.tasks.workers import step_row
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork + flock: Linux")
@@ -61,6 +65,39 @@ def run_rounds(folder: Path, savers: int, rounds: int) -> int:
 
 def test_simultaneous_saves_into_one_folder_leave_one_of_them(tmp_path: Path) -> None:
     assert run_rounds(tmp_path / "ckpt", savers=3, rounds=3) == 3
+
+
+def hold_save_lock(folder: str, held: Any) -> None:
+    """Child: take the folder's save lock (as a save does from its first file to its cleanup), then hang."""
+    with lock_file(os.path.join(folder, "manifest.json.lock")):
+        held.set()
+        time.sleep(600)
+
+
+def test_a_saver_killed_holding_the_lock_blocks_no_later_save(tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    saved_buffer(0).save(folder)
+    ctx = multiprocessing.get_context("fork")
+    held = ctx.Event()
+    child = ctx.Process(target=hold_save_lock, args=(str(folder), held))
+    child.start()
+    try:
+        assert held.wait(30)
+        fd = os.open(folder / "manifest.json.lock", os.O_RDWR)
+        try:  # a save holds the lock under this name (other tools can wait for saves too)
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    finally:
+        child.kill()
+        child.join(30)
+    rb = saved_buffer(1)
+    with deadline(30):  # the kernel released the dead saver's lock
+        rb.save(folder)
+    loaded = TaskReplayBuffer(InMemoryStorage(max_capacity=1000))
+    loaded.load(folder)
+    assert ids(loaded) == ids(rb) and len(os.listdir(folder)) == 4
 
 
 @pytest.mark.slow
