@@ -138,21 +138,23 @@ def file_kind(mode: int) -> str:
     return kinds.get(stat.S_IFMT(mode), "device")
 
 
-def open_regular(path: str, *, follow_symlink: bool = False) -> int:
+def open_regular(path: str, *, follow_symlink: bool = False, writable: bool = False) -> int:
     """Open the checkpoint file ``path`` for reading, only if it is a regular file; return the descriptor.
 
     Never blocks (``O_NONBLOCK``: a FIFO put in place of a file would wait forever for a writer) and,
     unless ``follow_symlink``, never follows a symlink out of the checkpoint (``O_NOFOLLOW``). The type
     is checked on the open descriptor, so a file swapped in after a check cannot slip through.
+    ``writable``: open for reading and writing, creating the file (mode ``0o666`` less the umask) if missing.
 
     Raises:
         FileNotFoundError: ``path`` does not exist (the caller says what is missing).
         CheckpointError: it is a symlink, a folder, a FIFO, a device or a socket.
         OSError: it cannot be opened (the caller names the checkpoint).
     """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlink else os.O_NOFOLLOW)
+    flags = os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlink else os.O_NOFOLLOW)
+    flags |= os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, 0o666)
     except OSError as exc:
         if not follow_symlink and os.path.islink(path):
             raise CheckpointError(f"'{path}' is a symbolic link: a checkpoint's files must be inside it") from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import reprlib
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, Protocol, TypedDict
 
@@ -142,24 +143,74 @@ def resolve_field(field: Any) -> str:
     )
 
 
-def like_matcher(pattern: str) -> Callable[[str], bool]:
-    """A predicate for SQL ``LIKE pattern`` (``%``, ``_``, ``\\`` escape); without wildcards, substring."""
-    parts: list[str] = []
+def _like_tokens(pattern: str) -> tuple[list[list[str | None]], bool]:
+    """``pattern`` split at its unescaped ``%``: segments of characters (``None`` for ``_``), and whether it
+    has a wildcard at all. ``\\`` escapes the next character (a trailing one stands for itself)."""
+    segments: list[list[str | None]] = [[]]
     wild = False
     chars = iter(pattern)
     for ch in chars:
         if ch == "\\":
-            parts.append(re.escape(next(chars, "\\")))
-        elif ch in "%_":
+            segments[-1].append(next(chars, "\\"))
+        elif ch == "%":
             wild = True
-            parts.append(".*" if ch == "%" else ".")
+            segments.append([])
+        elif ch == "_":
+            wild = True
+            segments[-1].append(None)
         else:
-            parts.append(re.escape(ch))
+            segments[-1].append(ch)
+    return segments, wild
+
+
+def _segment_finder(segment: list[str | None]) -> Callable[[str, int, int], int]:
+    """``find(s, start, end)``: the first index ``i >= start`` where ``segment`` matches ``s[i:i + len]`` within
+    ``end``, or -1. Literal segments use ``str.find``; one with ``_`` a regex of literals and ``.`` only (no
+    repetition, so no backtracking: O(len(s) * len(segment)))."""
+    if None not in segment:
+        literal = "".join(segment)  # type: ignore[arg-type]
+        return lambda s, start, end: s.find(literal, start, end)
+    regex = re.compile("".join("." if c is None else re.escape(c) for c in segment), re.DOTALL)
+
+    def find(s: str, start: int, end: int) -> int:
+        found = regex.search(s, start, end)
+        return -1 if found is None else found.start()
+
+    return find
+
+
+def like_matcher(pattern: str) -> Callable[[str], bool]:
+    """A predicate for SQL ``LIKE pattern`` (``%``, ``_``, ``\\`` escape); without wildcards, substring.
+
+    Linear in the string for a given pattern, whatever the pattern (no backtracking regex): the first segment
+    must match at the start, the last at the end, and each middle one at its leftmost place after the one
+    before (taking a later place never helps the segments that follow, since ``%`` takes any run).
+    """
+    segments, wild = _like_tokens(pattern)
     if not wild:
-        literal = re.sub(r"\\(.)", r"\1", pattern)
+        literal = "".join(segments[0])  # type: ignore[arg-type]
         return lambda s: literal in s
-    regex = re.compile("".join(parts), re.DOTALL)
-    return lambda s: regex.fullmatch(s) is not None
+    first, *middle = segments
+    last = middle.pop() if middle else None
+    first_at = _segment_finder(first)
+    last_at = _segment_finder(last) if last is not None else None
+    middle_at = [(_segment_finder(m), len(m)) for m in middle if m]
+
+    def match(s: str) -> bool:
+        if last_at is None:  # no %: the whole string is the one segment
+            return len(s) == len(first) and first_at(s, 0, len(s)) == 0
+        end = len(s) - len(last)  # type: ignore[arg-type]
+        if end < len(first) or first_at(s, 0, len(first)) != 0 or last_at(s, end, len(s)) != end:
+            return False
+        at = len(first)
+        for find, size in middle_at:
+            found = find(s, at, end)
+            if found < 0:
+                return False
+            at = found + size
+        return True
+
+    return match
 
 
 def _collection(value: Any, op: str, field: str) -> list[Any]:
@@ -178,7 +229,7 @@ def _string_leaf(op: str, field: str, value: Any, columns: Columns) -> torch.Ten
         raise QueryError(f"'{op}' cannot order the string field {field!r}")
     if op in ("eq", "ne", "in", "not_in"):
         wanted = [value] if op in ("eq", "ne") else _collection(value, op, field)
-        found = [c for c in map(vocab.find, wanted) if c is not None]
+        found = [c for c in map(vocab.find, wanted) if c is not None]  # a non-str value matches no string
         hit = codes == found[0] if len(found) == 1 else vocab.member_mask(codes, found)
         return hit if op in ("eq", "in") else ~hit
     if not isinstance(value, str):
@@ -187,17 +238,40 @@ def _string_leaf(op: str, field: str, value: Any, columns: Columns) -> torch.Ten
     return hit if op == "like" else (~hit & (codes >= 0))
 
 
+def _float(value: Any) -> float | None:
+    """``float(value)`` of a real number; ``None`` for NaN and for one beyond the float range (``10**400``),
+    which no stored number equals."""
+    try:
+        found = float(value)
+    except OverflowError:
+        return None
+    return None if math.isnan(found) else found
+
+
+# a bound beyond every float (10**400) compared exactly, as the infinity on its side with these operators:
+# x > 10**400 and x >= 10**400 hold for x == inf only, x < 10**400 and x <= 10**400 for every x < inf
+_PAST_FLOATS = {
+    True: {"gt": "gte", "gte": "gte", "lt": "lt", "lte": "lt"},
+    False: {"gt": "gt", "gte": "gt", "lt": "lte", "lte": "lte"},
+}
+
+
 def _number_leaf(op: str, field: str, value: Any, columns: Columns) -> torch.Tensor:
     column = columns.number_column(field)
     if op in ("gt", "gte", "lt", "lte"):
         if not _is_number(value):
             raise QueryError(f"'{op}' on {field!r} needs a real number, got {type(value).__name__}")
+        try:
+            bound = float(value)
+        except OverflowError:
+            bound = math.inf if value > 0 else -math.inf
+            op = _PAST_FLOATS[value > 0][op]
         compare = {"gt": torch.gt, "gte": torch.ge, "lt": torch.lt, "lte": torch.le}[op]
-        return compare(column, float(value))  # NaN (missing) compares False
+        return compare(column, bound)  # NaN (missing) compares False
     if op in ("like", "not_like"):
         raise QueryError(f"'{op}' needs a string field; {field!r} is numeric")
     wanted = [value] if op in ("eq", "ne") else _collection(value, op, field)
-    reals = [float(v) for v in wanted if _is_number(v) and not math.isnan(v)]
+    reals = [f for v in wanted if _is_number(v) and (f := _float(v)) is not None]
     hit = column == reals[0] if len(reals) == 1 else torch.isin(column, torch.tensor(reals, dtype=torch.float64))
     if any(v is None for v in wanted):
         hit |= torch.isnan(column)
@@ -207,7 +281,7 @@ def _number_leaf(op: str, field: str, value: Any, columns: Columns) -> torch.Ten
 def _leaf(cond: dict[str, Any], columns: Columns) -> torch.Tensor:
     op = cond.get("op")
     if op not in _VALUE_OPS and op not in _NULL_OPS:
-        raise QueryError(f"unknown query operator {op!r} in {cond!r}")
+        raise QueryError(f"unknown query operator {reprlib.repr(op)} in {reprlib.repr(cond)}")
     field = resolve_field(cond.get("field"))
     if op in _NULL_OPS:
         missing = (
@@ -220,34 +294,64 @@ def _leaf(cond: dict[str, Any], columns: Columns) -> torch.Tensor:
     return leaf(op, field, cond["value"], columns)
 
 
-def _node(cond: Any, columns: Columns, depth: int) -> torch.Tensor:
-    if depth > 200:
-        raise QueryError("query nested more than 200 levels deep")
+def _operands(cond: Any) -> tuple[str, list[Any] | tuple[Any, ...]] | None:
+    """``(key, operands)`` of a logical node, ``None`` for a leaf; QueryError for anything else."""
     if not isinstance(cond, dict):
-        raise QueryError(f"a query condition is a dict, got {type(cond).__name__}: {cond!r}")
+        raise QueryError(f"a query condition is a dict, got {type(cond).__name__}: {reprlib.repr(cond)}")
     if "op" in cond or "field" in cond:
-        return _leaf(cond, columns)
+        return None
     keys = set(cond) & {"and_", "or_"}
     if len(cond) != 1 or len(keys) != 1:
-        raise QueryError(f"a logical query condition has exactly one key, 'and_' or 'or_': got {sorted(cond)}")
+        got = sorted(map(repr, cond))
+        raise QueryError(f"a logical query condition has exactly one key, 'and_' or 'or_': got {got}")
     key = keys.pop()
     operands = cond[key]
     if not isinstance(operands, (list, tuple)):
         raise QueryError(f"'{key}' takes a list of conditions, got {type(operands).__name__}")
-    result = torch.full((columns.n,), key == "and_", dtype=torch.bool)
-    for operand in operands:
-        mask = _node(operand, columns, depth + 1)
-        result = result & mask if key == "and_" else result | mask
-    return result
+    return key, operands
+
+
+def _evaluate(root: Any, columns: Columns) -> torch.Tensor:
+    """The mask of ``root``, walked with an explicit stack: a query of any depth (a chain of 10 000
+    ``or_()``, which ``build()`` folds into 10 000 nested levels) runs without recursion. A query that
+    contains itself raises QueryError instead of looping."""
+    frames: list[tuple[str, Any, int, torch.Tensor]] = []  # (key, operands, next operand, mask so far)
+    path: set[int] = set()  # ids of the operand lists being evaluated: a cycle would meet one again
+    cond: Any = root
+    while True:
+        node = _operands(cond)
+        if node is None:
+            mask = _leaf(cond, columns)
+        else:
+            if id(node[1]) in path:
+                raise QueryError("the query contains itself (a cycle of and_/or_ lists)")
+            path.add(id(node[1]))
+            frames.append((node[0], node[1], 0, torch.full((columns.n,), node[0] == "and_", dtype=torch.bool)))
+            mask = None
+        while True:  # fold finished masks into the open nodes until one has an operand left to evaluate
+            if mask is not None:
+                if not frames:
+                    return mask
+                key, operands, i, acc = frames[-1]
+                frames[-1] = (key, operands, i + 1, acc & mask if key == "and_" else acc | mask)
+            key, operands, i, acc = frames[-1]
+            if i < len(operands):
+                cond = operands[i]
+                break
+            frames.pop()
+            path.discard(id(operands))
+            mask = acc
 
 
 def compile_query(cond: QueryCondition | None, columns: Columns) -> torch.Tensor:
     """bool ``[columns.n]``, CPU: which rows match ``cond`` (None or ``{}`` matches every row).
 
     Raises :class:`QueryError` naming an unknown operator or field, ordering of a string field, a non-collection
-    ``in_``/``not_in`` value or a non-string ``like`` pattern. Reads only; evaluates the whole query even when
-    part of it is already decided, so every malformed leaf is reported whatever the data.
+    ``in_``/``not_in`` value, a non-string ``like`` pattern, or a query that contains itself. Reads only;
+    evaluates the whole query even when part of it is already decided, so every malformed leaf is reported
+    whatever the data. Any depth runs (no recursion), ``like`` is linear in each string, and a number beyond
+    float64 (``10**400``) compares exactly (equal to nothing, beyond every finite value).
     """
     if not cond:
         return torch.ones(columns.n, dtype=torch.bool)
-    return _node(cond, columns, 0)
+    return _evaluate(cond, columns)

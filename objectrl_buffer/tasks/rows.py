@@ -2,7 +2,7 @@
 
 A stored row is *normalised* first: its meta fields are checked (they feed the tensor query columns), and its
 payload (state, actions, messages, non-scalar rewards) is turned into its JSON form with tensors kept as
-tensors. That form is what comes back, and what :func:`encode_row` writes as bytes (JSON + raw tensor
+tensors. That form is what comes back, and what :func:`~.codec.encode_row` writes as bytes (JSON + raw tensor
 bytes, never pickle) for other processes and checkpoints. The JSON form is what a JSON round trip gives:
 subclasses of str/int/float (enums, NumPy's ``float64``) come back as the plain type, and dict keys that
 are int, float, bool or None come back as the strings ``json`` makes of them.
@@ -19,13 +19,15 @@ import json.encoder
 import math
 import numbers
 import operator
-import struct
 import uuid
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+
+from objectrl_buffer.core.validate import _brief
+from objectrl_buffer.errors import InvalidArgumentError
 
 __all__ = [
     "ExpMeta",
@@ -36,8 +38,6 @@ __all__ = [
     "normalize_row",
     "encode_record",
     "decode_record",
-    "encode_row",
-    "decode_row",
 ]
 
 META_STRINGS = ("task_id", "task_name", "agent_id", "pre_agent")
@@ -46,6 +46,7 @@ NUMERIC = ("step", "execute_time", "reward_t", "adv_t", "v_t")
 """Fields held as float64 columns (NaN for None): the meta numbers, then the scalar rewards of ``exp_data``."""
 _DATA_NUMERIC = ("reward_t", "adv_t", "v_t")
 _MAX_DEPTH = 64
+_QUANT = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 _NUMBER = frozenset({int, float})
 _STR = frozenset({str})
@@ -53,7 +54,6 @@ _META_NAMES = ("task_id", "task_name", "agent_id", "pre_agent", "step", "execute
 _DATA_NAMES = ("state", "actions", "messages", "reward_t", "adv_t", "v_t")
 _DATA_WHERE = tuple(f"exp_data.{n}" for n in _DATA_NAMES)
 _META_FIELDS, _DATA_FIELDS = operator.attrgetter(*_META_NAMES), operator.attrgetter(*_DATA_NAMES)
-_TENSOR, _DICT = "$tensor", "$dict"  # markers in the encoded JSON; a user dict holding one is wrapped in $dict
 
 
 @dataclass
@@ -123,7 +123,7 @@ def json_form(value: Any, where: str, depth: int = 0) -> Any:
     if depth > _MAX_DEPTH:
         raise TypeError(f"{where}: nested more than {_MAX_DEPTH} levels deep (a cycle?)")
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        return _tensor_copy(value, where)
     if isinstance(value, np.ndarray):
         if value.dtype.kind in "OUSV":  # objects and strings: no tensor dtype, keep their JSON form
             return [json_form(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value.tolist())]
@@ -144,6 +144,15 @@ def json_form(value: Any, where: str, depth: int = 0) -> Any:
         f"{where}: cannot store a {type(value).__name__} (payloads are JSON values, tensors, arrays, dataclasses, "
         "or objects with model_dump()/to_dict())"
     )
+
+
+def _tensor_copy(value: torch.Tensor, where: str) -> torch.Tensor:
+    """A CPU copy of a payload tensor; InvalidArgumentError naming ``where`` for one without plain data to copy
+    (on the meta device, sparse or another layout, quantized): such a tensor cannot be stored nor encoded."""
+    if value.device.type == "meta" or value.layout != torch.strided or value.is_quantized or value.dtype in _QUANT:
+        kind = "on the meta device" if value.device.type == "meta" else f"{value.layout} {value.dtype}"
+        raise InvalidArgumentError(f"{where}: cannot store a tensor {kind} (only dense, non-quantized tensors)")
+    return value.detach().to("cpu", copy=True)
 
 
 def _plain_scalar(value: str | bool | int | float | None) -> Any:
@@ -171,7 +180,9 @@ def _json_key(key: Any, where: str) -> str:
 
 
 def _scalar(value: Any) -> float | None:
-    """The float of a real scalar (number, NumPy scalar, one-element real tensor), else None."""
+    """The float of a real scalar (number, NumPy scalar, one-element real tensor), else None.
+
+    Raises ``OverflowError`` for a number beyond the float range (``10**400``)."""
     if type(value) in (float, int):
         return float(value)
     if value is None:
@@ -242,6 +253,8 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
     Raises:
         ValueError: ``row`` is falsy or has no ``exp_meta`` (AWorld's messages).
         TypeError: a meta field of the wrong type, or a payload value that cannot be stored (named).
+        InvalidArgumentError: a ``step`` no int64 holds (NaN, inf, ``1e300``, ``2**70``), a number no float64
+            holds (``10**400``), a tensor on the meta device, sparse or quantized (named).
     """
     if not row:
         raise ValueError("Data is required")
@@ -296,11 +309,20 @@ def _column_values(
         name,
         agent,
         pre,
-        nan if step is None else float(step),
-        nan if when is None else float(when),
-        reward if type(reward) is float else nan if reward is None else _number(reward),
-        adv if type(adv) is float else nan if adv is None else _number(adv),
-        v if type(v) is float else nan if v is None else _number(v),
+        nan if step is None else float(step) if _STEP_LOW <= step < _STEP_HIGH else _bad_step(step),
+        when if type(when) is float else nan if when is None else _number(when, "exp_meta.execute_time"),
+        reward if type(reward) is float else nan if reward is None else _number(reward, "exp_data.reward_t"),
+        adv if type(adv) is float else nan if adv is None else _number(adv, "exp_data.adv_t"),
+        v if type(v) is float else nan if v is None else _number(v, "exp_data.v_t"),
+    )
+
+
+_STEP_LOW, _STEP_HIGH = -(2**63), 2**63  # an int64: what TensorDictConverter's step column holds
+
+
+def _bad_step(step: Any) -> float:
+    raise InvalidArgumentError(
+        f"exp_meta.step must be a finite number in [-2**63, 2**63) (an int64 step), got {_brief(step)}"
     )
 
 
@@ -370,7 +392,10 @@ def encode_record(row: Any) -> tuple[str, tuple[Any, ...]] | None:
     # includes brackets inside strings, so it only bounds the depth: a row over it takes the general path.
     if text.count("[") + text.count("{") > _MAX_DEPTH + 2:
         return None
-    return text, _column_values(task_id, name, agent, pre, step, when, reward, adv, v)
+    try:
+        return text, _column_values(task_id, name, agent, pre, step, when, reward, adv, v)
+    except InvalidArgumentError:  # a number out of range: the general path raises it
+        return None
 
 
 def decode_record(text: str) -> DataRow:
@@ -380,71 +405,11 @@ def decode_record(text: str) -> DataRow:
     return DataRow(meta, Experience(state, actions, reward, adv, v, messages), row_id)
 
 
-def _number(value: Any) -> float:
-    """The column value of a reward field: its float when a real scalar, else NaN."""
-    found = _scalar(value)
+def _number(value: Any, where: str) -> float:
+    """The column value of a number field: its float when a real scalar, else NaN; InvalidArgumentError naming
+    ``where`` for a number beyond the float range (``10**400``), which no column nor converter can hold."""
+    try:
+        found = _scalar(value)
+    except OverflowError:
+        raise InvalidArgumentError(f"{where} must fit a float64, got {_brief(value)}") from None
     return math.nan if found is None else found
-
-
-# ---- bytes: u32 length of the JSON header, the JSON, then the raw bytes of each tensor in order ----
-
-
-def _pack(value: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(value, torch.Tensor):
-        tensors.append(value)
-        return {_TENSOR: [len(tensors) - 1, str(value.dtype).removeprefix("torch."), list(value.shape)]}
-    if isinstance(value, list):
-        return [_pack(v, tensors) for v in value]
-    if isinstance(value, dict):
-        packed = {k: _pack(v, tensors) for k, v in value.items()}
-        return {_DICT: packed} if (_TENSOR in value or _DICT in value) else packed
-    return value
-
-
-def encode_row(row: DataRow) -> bytes:
-    """The bytes of a normalised row (see :func:`normalize_row`); :func:`decode_row` gives it back."""
-    tensors: list[torch.Tensor] = []
-    header = {
-        "id": row.id,
-        "meta": row.exp_meta.to_dict(),
-        "data": {f.name: _pack(getattr(row.exp_data, f.name), tensors) for f in dataclasses.fields(row.exp_data)},
-    }
-    text = json.dumps(header, separators=(",", ":")).encode()
-    blobs = [t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors]
-    return b"".join([struct.pack("<I", len(text)), text, *blobs])
-
-
-def _unpack(value: Any, blob: memoryview, offsets: list[int]) -> Any:
-    if isinstance(value, list):
-        return [_unpack(v, blob, offsets) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if _DICT in value and len(value) == 1:
-        return {k: _unpack(v, blob, offsets) for k, v in value[_DICT].items()}
-    if _TENSOR in value and len(value) == 1:
-        _, dtype_name, shape = value[_TENSOR]
-        dtype = getattr(torch, dtype_name, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"unknown tensor dtype {dtype_name!r} in a stored row")
-        count = math.prod(shape)
-        nbytes = count * dtype.itemsize
-        start = offsets[0]
-        if start + nbytes > len(blob):
-            raise ValueError("a stored row is shorter than its tensors")
-        offsets[0] = start + nbytes
-        raw = torch.frombuffer(bytearray(blob[start : start + nbytes]), dtype=torch.uint8) if nbytes else None
-        return (raw.view(dtype) if raw is not None else torch.empty(0, dtype=dtype)).reshape(shape)
-    return {k: _unpack(v, blob, offsets) for k, v in value.items()}
-
-
-def decode_row(payload: bytes | memoryview) -> DataRow:
-    """The row :func:`encode_row` wrote (ValueError on malformed bytes). Plain JSON and raw bytes: no pickle."""
-    view = memoryview(payload)
-    if len(view) < 4:
-        raise ValueError("a stored row is shorter than its header")
-    (length,) = struct.unpack_from("<I", view)
-    header = json.loads(bytes(view[4 : 4 + length]))
-    offsets = [0]
-    tail = view[4 + length :]
-    data = {k: _unpack(v, tail, offsets) for k, v in header["data"].items()}
-    return DataRow(ExpMeta(**header["meta"]), Experience(**data), header["id"])

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-from objectrl_buffer.core.validate import positive_int
+from objectrl_buffer.core.validate import _brief, positive_int
+from objectrl_buffer.errors import InvalidArgumentError
 
 from ..query_filter import QueryCondition
 from ..rows import DataRow
@@ -64,6 +66,18 @@ def _page_args(page: int, page_size: int) -> tuple[int, int]:
     return page, page_size
 
 
+def _task_ids(task_ids: Any) -> list[str]:
+    """``task_ids`` as a list of str; InvalidArgumentError naming the argument (stored task_ids are str, so
+    anything else is a caller's bug: an unhashable ``[1]`` raised a bare TypeError)."""
+    if isinstance(task_ids, (str, bytes)) or not isinstance(task_ids, Iterable):
+        raise InvalidArgumentError(f"task_ids must be a list of str task_ids, got {_brief(task_ids)}")
+    found = list(task_ids)
+    for i, t in enumerate(found):
+        if not isinstance(t, str):
+            raise InvalidArgumentError(f"task_ids[{i}] must be a str task_id, got {_brief(t)}")
+    return found
+
+
 class TableStorage(Storage):
     """A storage whose reads run on a :class:`TaskTable` (queries compiled to tensor masks).
 
@@ -99,10 +113,14 @@ class TableStorage(Storage):
         return self._table().select(query_condition)
 
     def get_by_task_id(self, task_id: str) -> list[DataRow]:
+        """Every row of ``task_id`` in insertion order ([] if none); InvalidArgumentError unless a str."""
+        if not isinstance(task_id, str):
+            raise InvalidArgumentError(f"task_id must be a str, got {_brief(task_id)}")
         return self._table().by_task_ids([task_id]).get(task_id, [])
 
     def get_batch_by_task_ids(self, task_ids: list[str]) -> dict[str, list[DataRow]]:
-        return self._table().by_task_ids(list(task_ids))
+        """``{task_id: rows}`` of the held tasks among ``task_ids``; InvalidArgumentError unless a list of str."""
+        return self._table().by_task_ids(_task_ids(task_ids))
 
     def matching_task_ids(self, query_condition: QueryCondition | None = None) -> list[str]:
         """task_ids with a row matching the query, oldest task first (what samplers draw from)."""
@@ -117,7 +135,8 @@ class InMemoryStorage(TableStorage):
 
     Raises (storing nothing): ``ValueError`` for a missing row or ``exp_meta``, ``TypeError`` for a field or
     payload of the wrong type, :class:`~objectrl_buffer.errors.InvalidArgumentError` when one task alone would
-    hold more than ``max_capacity`` rows.
+    hold more than ``max_capacity`` rows, for a ``step`` outside int64 (NaN, inf, ``2**70``), a number beyond
+    float64 (``10**400``) or a tensor without plain data (meta device, sparse, quantized), each named.
     """
 
     def __init__(self, max_capacity: int = 10000) -> None:

@@ -3,7 +3,7 @@ releases on death, each batch made visible by fixed-size commit records written 
 
 Files in the folder:
 
-* ``rows.data``: the encoded rows (:func:`~objectrl_buffer.tasks.rows.encode_row`: JSON + raw tensor bytes),
+* ``rows.data``: the encoded rows (:func:`~objectrl_buffer.tasks.codec.encode_row`: JSON + raw tensor bytes),
   back to back.
 * ``rows.index``: one 44-byte record per row/eviction: ``kind, more, offset, length, task hash, crc32 of the
   bytes, crc32 of the record``. ``more`` counts the records still to come in the same store, so a reader
@@ -15,11 +15,16 @@ records' task hashes (not the rows) to plan evictions, cut off whatever a killed
 committed store, and append. Readers take no lock: each process keeps a :class:`TaskTable` mirror and decodes
 only the records committed since its last read. Evicted rows stay in the files (they grow with every row
 ever stored; a fresh folder, or ``save``/``load``, starts compact).
+
+The folder's files are opened only if they are regular files (never through a symbolic link, never waiting
+on a FIFO), and whatever they hold is checked before use: a forged or corrupt file raises
+:class:`~objectrl_buffer.errors.CheckpointError` naming it, allocating no more than the file's own size.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -28,15 +33,17 @@ import struct
 import tempfile
 import weakref
 import zlib
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, BinaryIO
 
+from objectrl_buffer.checkpoint.io import atomic_write, open_regular, read_small_file
 from objectrl_buffer.core.group_fifo import GroupCounts, plan_store
 from objectrl_buffer.core.sync import lock_file
-from objectrl_buffer.core.validate import positive_int
-from objectrl_buffer.errors import CheckpointError, InvalidArgumentError
+from objectrl_buffer.core.validate import folder, positive_int
+from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
 
-from ..rows import DataRow, decode_row, encode_row, normalize_row
+from ..codec import decode_row, encode_row
+from ..rows import DataRow, normalize_row
 from ..table import TaskTable
 from .base import TableStorage
 
@@ -46,6 +53,7 @@ _RECORD = struct.Struct("<IHHIQQQI")  # magic, kind, pad, more, offset, length, 
 _SIZE = _RECORD.size + 4  # + crc32 of the record itself
 _MAGIC = 0x4B534154  # "TASK"
 _ROW, _EVICT, _CLEAR = 1, 2, 3
+_SETTINGS_LIMIT = 1 << 16
 
 
 def task_hash(task_id: str) -> int:
@@ -72,23 +80,24 @@ class SharedTaskStorage(TableStorage):
     def __init__(self, max_capacity: int = 10000, path: str | os.PathLike[str] | None = None) -> None:
         self.max_capacity = positive_int(max_capacity, "max_capacity")
         self._owned = path is None
-        self.path = tempfile.mkdtemp(prefix="objectrl-tasks-") if path is None else os.fspath(path)
-        os.makedirs(self.path, exist_ok=True)
-        with lock_file(self._file("lock")):
-            settings = self._file("tasks.json")
-            if os.path.exists(settings):
-                with open(settings) as f:
-                    held = json.load(f).get("max_capacity")
-                if held != self.max_capacity:
-                    raise InvalidArgumentError(
-                        f"'{self.path}' holds a task storage of max_capacity={held}, not max_capacity={max_capacity}"
-                    )
-            else:
+        self.path = tempfile.mkdtemp(prefix="objectrl-tasks-") if path is None else folder(path, "path")
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot create the task storage folder '{self.path}': {exc.strerror or exc}"
+            ) from exc
+        with self._locked():
+            held = self._settings()
+            if held is None:  # a new folder: its files, then the settings that say it is complete
                 for name in ("rows.data", "rows.index"):
-                    open(self._file(name), "ab").close()
-                with open(settings + ".tmp", "w") as f:
-                    json.dump({"format": "objectrl_buffer.tasks/1", "max_capacity": self.max_capacity}, f)
-                os.replace(settings + ".tmp", settings)
+                    os.close(self._open_file(name))
+                settings = {"format": "objectrl_buffer.tasks/1", "max_capacity": self.max_capacity}
+                atomic_write(self._file("tasks.json"), functools.partial(_write_json, value=settings))
+            elif held != self.max_capacity:
+                raise InvalidArgumentError(
+                    f"'{self.path}' holds a task storage of max_capacity={held}, not max_capacity={max_capacity}"
+                )
         if self._owned:
             weakref.finalize(self, _remove_folder, self.path, os.getpid())
         self._open()
@@ -96,10 +105,49 @@ class SharedTaskStorage(TableStorage):
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
+    def _settings(self) -> int | None:
+        """The capacity ``tasks.json`` records (``None`` when there is no such file yet)."""
+        where = self._file("tasks.json")
+        try:
+            settings = json.loads(read_small_file(where, _SETTINGS_LIMIT))
+        except FileNotFoundError:
+            return None
+        except (ValueError, RecursionError) as exc:
+            raise CheckpointError(f"'{where}' is not valid JSON: {str(exc)[:200]}") from None
+        held = settings.get("max_capacity") if isinstance(settings, dict) else None
+        if type(held) is not int or held < 1:
+            raise CheckpointError(f"'{where}' is not a task storage's settings (no positive int max_capacity)")
+        return held
+
+    def _open_file(self, name: str) -> int:
+        """A read-write descriptor of the folder's file ``name`` (created if missing), a regular file only."""
+        where = self._file(name)
+        try:
+            return open_regular(where, writable=True)
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(f"the task storage folder '{self.path}' is gone") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot open '{where}': {exc.strerror or exc}") from exc
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the writers' lock, ``<folder>/lock`` (an ``flock`` the kernel releases if the holder dies)."""
+        lock = self._file("lock")
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(lock_file(lock))
+            except OSError as exc:
+                raise CheckpointError(f"cannot lock '{lock}': {exc.strerror or exc}") from exc
+            yield
+
     def _open(self) -> None:
         self._pid = os.getpid()
-        self._data_fd = os.open(self._file("rows.data"), os.O_RDWR | os.O_CLOEXEC)
-        self._index_fd = os.open(self._file("rows.index"), os.O_RDWR | os.O_CLOEXEC)
+        self._data_fd = self._open_file("rows.data")
+        try:
+            self._index_fd = self._open_file("rows.index")
+        except BaseException:
+            os.close(self._data_fd)
+            raise
         # what this process's writes know: records read, bytes committed, rows per task hash
         self._w_records = 0
         self._w_end = 0
@@ -134,7 +182,7 @@ class SharedTaskStorage(TableStorage):
         count = size // _SIZE - start
         if count <= 0:
             return []
-        raw = os.pread(self._index_fd, count * _SIZE, start * _SIZE)
+        raw = os.pread(self._index_fd, count * _SIZE, start * _SIZE)  # at most the index file's size
         out: list[tuple[int, int, int, int, int, int]] = []
         committed = 0
         for i in range(len(raw) // _SIZE):
@@ -148,7 +196,17 @@ class SharedTaskStorage(TableStorage):
             out.append((kind, more, offset, length, key, data_crc))
             if more == 0:
                 committed = len(out)
-        return out[:committed]
+        out = out[:committed]
+        data_size = os.fstat(self._data_fd).st_size  # after the records: their bytes were written before them
+        for n, (kind, _, offset, length, _, _) in enumerate(out, start):
+            if kind not in (_ROW, _EVICT, _CLEAR):
+                raise CheckpointError(f"'{self._file('rows.index')}' record {n} has the unknown kind {kind}")
+            if offset + length > data_size:
+                raise CheckpointError(
+                    f"'{self._file('rows.index')}' record {n} declares bytes [{offset}, {offset + length}) "
+                    f"past the end of '{self._file('rows.data')}' ({data_size} bytes)"
+                )
+        return out
 
     def _table(self) -> TaskTable:
         """This process's mirror, brought up to date with every committed store."""
@@ -171,14 +229,24 @@ class SharedTaskStorage(TableStorage):
             pending.clear()
             values.clear()
 
+        # every row decoded and checked before the mirror changes: a bad one changes nothing
+        decoded: list[tuple[int, int, tuple[DataRow, tuple[Any, ...]] | None]] = []
         for kind, _, offset, length, key, data_crc in records:
             payload = blob[offset - first : offset - first + length]
             if zlib.crc32(payload) != data_crc:
                 raise CheckpointError(f"'{self._file('rows.data')}' is corrupt at byte {offset} (crc32 mismatch)")
-            if kind == _ROW:
-                row, value = normalize_row(decode_row(payload))
-                pending.append(row)
-                values.append(value)
+            if kind != _ROW:
+                decoded.append((kind, key, None))
+                continue
+            try:
+                decoded.append((kind, key, normalize_row(decode_row(payload))))
+            except (ValueError, TypeError, RecursionError) as exc:
+                where = self._file("rows.data")
+                raise CheckpointError(f"'{where}' holds a malformed row at byte {offset}: {str(exc)[:300]}") from exc
+        for kind, key, found in decoded:
+            if found is not None:
+                pending.append(found[0])
+                values.append(found[1])
                 continue
             flush()
             if kind == _EVICT and key in self._mirror_names:
@@ -235,7 +303,7 @@ class SharedTaskStorage(TableStorage):
         keys = [task_hash(r.exp_meta.task_id) for r in stored]
         names = {k: r.exp_meta.task_id for k, r in zip(keys, stored, strict=False)}
         encoded = [encode_row(r) for r in stored]  # before the lock: the lock is held only to append
-        with lock_file(self._file("lock")):
+        with self._locked():
             self._catch_up()
             plan = plan_store(self._w_counts, keys, self.max_capacity, name=lambda k: repr(names.get(k, k)))  # type: ignore[call-overload]
             entries: list[tuple[int, int, bytes]]
@@ -255,10 +323,14 @@ class SharedTaskStorage(TableStorage):
         encoded = [(task_hash(r.exp_meta.task_id), encode_row(r)) for r in table.each_row()]
         keys = [k for k, _ in encoded]
         entries = [(_CLEAR, 0, b""), *((_ROW, k, payload) for k, payload in encoded)]
-        with lock_file(self._file("lock")):
+        with self._locked():
             self._catch_up()
             self._append(entries)
             self._w_counts = plan_store(GroupCounts(), keys, self.max_capacity).after
+
+
+def _write_json(f: BinaryIO, value: Any) -> None:
+    f.write(json.dumps(value).encode())
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
