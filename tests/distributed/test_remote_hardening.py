@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +29,25 @@ def local_ray() -> Iterator[None]:
     yield
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def two_shards(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteBuffer]:
+    """One buffer of two shards for the thread tests (an actor start costs seconds): each test looks only at
+    the rows it added (ids of its own)."""
+    remote = launch(100_000, 2, tmp_path_factory.mktemp("two_shards"))
+    remote.add_batch(rows(9_000_000, 2))
+    remote.add_batch(rows(9_000_002, 2))  # a row in each shard: stored_ids draws from every shard
+    yield remote
+    remote.kill()
+
+
+def added(remote: RemoteBuffer, before: list[int]) -> list[int]:
+    """The ids stored since ``before`` was taken (:func:`stored_ids`), duplicates kept, sorted."""
+    left = Counter(stored_ids(remote))
+    left.subtract(before)
+    assert all(n >= 0 for n in left.values())
+    return sorted(left.elements())
 
 
 def launch(capacity: int, shards: int, tmp: Any, **kwargs: Any) -> RemoteBuffer:
@@ -65,12 +85,12 @@ def run_threads(target: Any, count: int) -> list[BaseException]:
     return errors
 
 
-def test_one_handle_shared_by_four_threads_stores_every_acknowledged_add_once(local_ray: None, tmp_path: Any) -> None:
+def test_one_handle_shared_by_four_threads_stores_every_acknowledged_add_once(two_shards: RemoteBuffer) -> None:
     """4 threads call ``add`` (and ``add_batch``) on one handle: every call that returned is stored exactly
     once. (Before: one seq counter per handle, so a thread's seq n could reach the shard after another
     thread's n+1 and be acknowledged as an already-applied retry without being stored.)"""
-    remote = launch(10_000, 2, tmp_path)
-    per_thread = 80
+    remote, before = two_shards, stored_ids(two_shards)
+    per_thread = 60
     acked: list[list[int]] = [[] for _ in range(4)]
 
     def adds(t: int) -> None:
@@ -84,19 +104,18 @@ def test_one_handle_shared_by_four_threads_stores_every_acknowledged_add_once(lo
 
     assert run_threads(adds, 4) == []
     want = sorted(i for ids in acked for i in ids)
-    assert stored_ids(remote) == want  # nothing dropped, nothing stored twice
-    remote.kill()
+    assert added(remote, before) == want  # nothing dropped, nothing stored twice
 
 
 @pytest.mark.parametrize("same_node", [False, None])
 def test_a_writer_shared_by_two_threads_delivers_every_row_once(
-    local_ray: None, tmp_path: Any, same_node: bool | None
+    two_shards: RemoteBuffer, same_node: bool | None
 ) -> None:
     """Two threads add through one Writer (small batches, so sends and settles interleave with adds): every
     row they queued is stored exactly once after ``close``. (Before: ``IndexError: pop from an empty deque``
     and rows lost.)"""
-    remote = launch(10_000, 2, tmp_path)
-    per_thread = 200
+    remote, before = two_shards, stored_ids(two_shards)
+    per_thread = 80
     writer = remote.writer(batch_size=4, flush_every_s=100, max_in_flight=2, same_node=same_node)
 
     def adds(t: int) -> None:
@@ -110,8 +129,7 @@ def test_a_writer_shared_by_two_threads_delivers_every_row_once(
     assert errors == []
     singles = [i for t in range(2) for i in range(t * 10_000, t * 10_000 + per_thread)]
     batches = [j for i in singles if i % 97 == 0 for j in (i + 5_000_000, i + 5_000_001)]
-    assert stored_ids(remote) == sorted(singles + batches)
-    remote.kill()
+    assert added(remote, before) == sorted(singles + batches)
 
 
 def restarted(shard: Any, pid: int, timeout_s: float = 60.0) -> int:
