@@ -630,7 +630,9 @@ class Writer:
             InvalidArgumentError: its keys differ from the first row's. SchemaError: a value does not fit the
             first row's schema (named). Nothing is queued then.
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not a with block: ~0.1 us less a row on CPython 3.11
+        try:
             if self.filled >= self.batch_size:  # a full batch whose send failed: it goes first
                 self._send()
             i = self.filled
@@ -639,6 +641,8 @@ class Writer:
             self.filled = i + 1
             if self.filled >= self.batch_size or time.monotonic() >= self.deadline:
                 self._send()
+        finally:
+            lock.release()
 
     def _add_checked(self, transition: TensorDictBase | Mapping[str, Any], i: int) -> None:
         """The rows the compiled writer declined: the schema's full check, then the copy (or the error)."""
