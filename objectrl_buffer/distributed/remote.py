@@ -240,8 +240,9 @@ class RemoteBuffer:
         thread A takes seq n, thread B n + 1, B's call reaches the shard first, and A's write is acknowledged
         unstored. A stream is used by one call at a time, and handed back only once that call was answered,
         so each shard sees a stream's seqs in increasing order; concurrent calls use streams of their own
-        (``<writer_id>:<k>``, as many as calls ever ran at once on this handle: one per shard of bookkeeping
-        for each). Nothing is held across the round trip.
+        (``<writer_id>:<k>``; as many as calls ever ran at once on this handle, each one entry in a shard's
+        table of applied seqs). No lock is held across the round trip: ~0.1-0.2 us more a call than one
+        shared counter, against a round trip of ~1 ms.
         """
         with self._lock:
             turn = self._turn % len(self.shards)
@@ -560,8 +561,8 @@ class Writer:
     most ``max_in_flight + 1`` sets exist.
 
     Threads may share a writer: its calls take turns on a lock (held while a call waits for room in flight,
-    as that call would wait alone), so every row an ``add`` accepted is sent once, in one stream of seqs.
-    A writer of its own per thread batches more rows per lock and per ``add_batch`` call all the same.
+    as that call would wait alone), so every row an ``add`` accepted is sent once, in one stream of seqs
+    (the lock costs ~0.1-0.2 us an ``add``). A writer per thread never waits for another thread's send.
 
     ``flush_every_s`` is checked at each ``add`` (a writer that stops adding sends its pending rows at
     :meth:`flush` or on leaving its ``with`` block).
