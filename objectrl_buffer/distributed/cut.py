@@ -8,7 +8,10 @@
   only after every shard of a generation is durable: it names the generation, the shards' row counts and
   the rate limiter's counters. A generation the manifest does not name is never loaded;
 * ``shard-<i>.journal``: what each shard wrote since its last committed checkpoint (``writer seq rows
-  written``, one line per write, not fsynced: it survives the death of the process, which is what it is for).
+  written epoch``, one line per write, not fsynced: it survives the death of the process, which is what it is
+  for). ``epoch`` counts the shard's lifetimes (0 at its first start, one more at each reload): after a
+  restart ``written`` counts again from the reloaded checkpoint's, so the lines of two lifetimes are told
+  apart by it (a line of 4 fields, from an older version, is of epoch 0).
 
 Loading reads JSON only (nothing is unpickled).
 """
@@ -19,12 +22,23 @@ import json
 import os
 import re
 import shutil
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from objectrl_buffer.checkpoint.io import atomic_write, read_small_file
 from objectrl_buffer.errors import CheckpointError
 
-__all__ = ["MANIFEST", "generation_folder", "shard_path", "journal_path", "read_manifest", "write_manifest", "prune"]
+__all__ = [
+    "MANIFEST",
+    "JournalLine",
+    "generation_folder",
+    "journal_line",
+    "journal_path",
+    "prune",
+    "read_journal",
+    "read_manifest",
+    "shard_path",
+    "write_manifest",
+]
 
 MANIFEST = "checkpoint.json"
 _FOLDER = re.compile(r"gen-(\d{12})")
@@ -44,6 +58,47 @@ def shard_path(root: str, generation: int, shard: int) -> str:
 def journal_path(root: str, shard: int) -> str:
     """The write journal of shard ``shard``."""
     return os.path.join(root, f"shard-{shard}.journal")
+
+
+class JournalLine(NamedTuple):
+    """One write of a shard: its ``(writer, seq)``, its ``rows``, the shard's rows ``written`` after it, and
+    the shard's lifetime ``epoch``."""
+
+    writer: str
+    seq: int
+    rows: int
+    written: int
+    epoch: int
+
+
+def journal_line(line: JournalLine) -> str:
+    """``line`` as the journal holds it (one text line)."""
+    return f"{line.writer} {line.seq} {line.rows} {line.written} {line.epoch}\n"
+
+
+def read_journal(root: str, shard: int) -> list[JournalLine]:
+    """The complete lines of shard ``shard``'s journal (a last line cut short by a crash is not one); none
+    when there is no journal.
+
+    Raises:
+        CheckpointError: a line that is not a journal line (the message names the file and the line).
+    """
+    path = journal_path(root, shard)
+    try:
+        with open(path) as f:
+            text = [line for line in f if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+    out = []
+    for number, line in enumerate(text, 1):
+        fields = line.split()
+        try:
+            if len(fields) not in (4, 5):
+                raise ValueError(f"{len(fields)} fields")
+            out.append(JournalLine(fields[0], *(int(v) for v in fields[1:]), *([0] if len(fields) == 4 else [])))
+        except ValueError as exc:
+            raise CheckpointError(f"'{path}' line {number} is not a journal line: {exc}") from None
+    return out
 
 
 def read_manifest(root: str) -> dict[str, Any] | None:

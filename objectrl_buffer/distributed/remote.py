@@ -7,7 +7,9 @@ checkpoints are asked for, one :class:`~.coordinator.Coordinator` actor. Payload
 
 * Writes go to the shards in turn (``add``, ``add_batch``); :meth:`RemoteBuffer.writer` batches single adds
   client-side into preallocated columns, with at most ``max_in_flight`` batches on their way. Every write
-  carries ``(writer_id, seq)``: a write retried after a shard restart is stored exactly once. A writer on a
+  carries ``(stream id, seq)``: a write retried after a shard restart is stored exactly once, and so is each
+  acknowledged write of threads sharing one handle (each call in flight has a stream of its own, see
+  ``RemoteBuffer._take``) or one :class:`Writer` (its calls take turns on a lock). A writer on a
   shard's own node keeps its columns in files of its own in ``/dev/shm`` and sends that shard only a small
   :class:`~.shard.SharedRows` descriptor: the shard copies the rows straight from its mapping of the files
   (no serialization, no object store).
@@ -111,8 +113,10 @@ class RemoteBuffer:
             self.generator.manual_seed(seed)
         self.writer_id = uuid.uuid4().hex
         self._turn = 0
-        self._seq = 0
         self._lock = threading.Lock()
+        #: idle sequence streams ``[stream id, next seq]`` (see :meth:`_take`)
+        self._idle: list[list[Any]] = []
+        self._streams = 0  # streams made
         self._nodes: list[str] | None = None
 
     @classmethod
@@ -227,12 +231,46 @@ class RemoteBuffer:
             self._turn += 1
             return (self._turn - 1) % len(self.shards)
 
-    def _next(self) -> tuple[int, int]:
+    def _take(self) -> tuple[int, list[Any]]:
+        """The shard of the next write and an idle sequence stream ``[stream id, next seq]``, held by this
+        call alone until :meth:`_write` hands it back.
+
+        Why streams: a shard stores a write only if its ``seq`` is above the last one applied for its stream
+        id (a retried write is acknowledged, not stored again). One counter shared by threads breaks that:
+        thread A takes seq n, thread B n + 1, B's call reaches the shard first, and A's write is acknowledged
+        unstored. A stream is used by one call at a time, and handed back only once that call was answered,
+        so each shard sees a stream's seqs in increasing order; concurrent calls use streams of their own
+        (``<writer_id>:<k>``; as many as calls ever ran at once on this handle, each one entry in a shard's
+        table of applied seqs). No lock is held across the round trip: ~0.1-0.2 us more a call than one
+        shared counter, against a round trip of ~1 ms.
+        """
         with self._lock:
-            turn, seq = self._turn % len(self.shards), self._seq
+            turn = self._turn % len(self.shards)
             self._turn += 1
-            self._seq += 1
-        return turn, seq
+            if self._idle:
+                return turn, self._idle.pop()
+            self._streams += 1
+            return turn, [f"{self.writer_id}:{self._streams - 1}", 0]
+
+    def _write(self, what: str, method: str, data: Any, rows: int, timeout: float | None) -> None:
+        """Send ``data`` to the next shard's ``method`` under a sequence stream of its own (see :meth:`_take`),
+        retried as :meth:`retry` does."""
+        i, stream = self._take()
+        writer, seq = stream
+        stream[1] = seq + 1
+        answered = False
+        try:
+            admitted = self.admission(i, rows, timeout)
+            submit = getattr(self.shards[i], method).remote
+            self.retry(f"{what} to shard {i}", lambda: submit(data, writer, seq, admitted))
+            answered = True
+        except (ReplayBufferError, _ray().exceptions.RayTaskError):  # answered, or the last try failed
+            answered = True
+            raise
+        finally:
+            if answered:  # else (interrupted) a call may still be on its way: the stream is not used again
+                with self._lock:
+                    self._idle.append(stream)
 
     def admission(self, shard: int, rows: int, timeout: float | None) -> Any:
         """The limiter's admission ref of ``rows`` bound for ``shard`` (``None`` without a limiter)."""
@@ -248,19 +286,12 @@ class RemoteBuffer:
             RateLimitTimeout, RateLimitDeadlock: not admitted (nothing written). BufferUnavailable: see
             :meth:`retry`. Anything the buffer's ``add`` raises (nothing written).
         """
-        data = to_numpy(transition)
-        i, seq = self._next()
-        admitted = self.admission(i, self.num_envs, timeout)
-        self.retry(f"add to shard {i}", lambda: self.shards[i].add.remote(data, self.writer_id, seq, admitted))
+        self._write("add", "add", to_numpy(transition), self.num_envs, timeout)
 
     def add_batch(self, batch: TensorDictBase | Mapping[str, Any], *, timeout: float | None = None) -> None:
         """The shards' ``add_batch``, in turn: the whole batch to one shard (blocking). Raises as :meth:`add`."""
         data = to_numpy(batch)
-        i, seq = self._next()
-        admitted = self.admission(i, batch_rows(data, self.num_envs), timeout)
-        self.retry(
-            f"add_batch to shard {i}", lambda: self.shards[i].add_batch.remote(data, self.writer_id, seq, admitted)
-        )
+        self._write("add_batch", "add_batch", data, batch_rows(data, self.num_envs), timeout)
 
     def writer(
         self, batch_size: int = 256, flush_every_s: float = 0.1, max_in_flight: int = 2, same_node: bool | None = None
@@ -529,6 +560,10 @@ class Writer:
     batch on its way are kept until the shard acknowledges it (a retry sends them again), then reused: at
     most ``max_in_flight + 1`` sets exist.
 
+    Threads may share a writer: its calls take turns on a lock (held while a call waits for room in flight,
+    as that call would wait alone), so every row an ``add`` accepted is sent once, in one stream of seqs
+    (the lock costs ~0.1-0.2 us an ``add``). A writer per thread never waits for another thread's send.
+
     ``flush_every_s`` is checked at each ``add`` (a writer that stops adding sends its pending rows at
     :meth:`flush` or on leaving its ``with`` block).
 
@@ -576,6 +611,9 @@ class Writer:
         #: acknowledged.
         self.in_flight: deque[tuple[Any, int, int, Any, Any, _Columns | None]] = deque()
         self.deadline = time.monotonic() + self.flush_every_s
+        #: held by each public call: threads sharing this writer take turns (its batches, sets and seqs are
+        #: one stream; see the class docs)
+        self._lock = threading.Lock()
 
     @property
     def columns(self) -> dict[str, np.ndarray]:
@@ -593,14 +631,19 @@ class Writer:
             InvalidArgumentError: its keys differ from the first row's. SchemaError: a value does not fit the
             first row's schema (named). Nothing is queued then.
         """
-        if self.filled >= self.batch_size:  # a full batch whose send failed: it goes first
-            self._send()
-        i = self.filled
-        if not self.write_row(transition, i):
-            self._add_checked(transition, i)
-        self.filled = i + 1
-        if self.filled >= self.batch_size or time.monotonic() >= self.deadline:
-            self._send()
+        lock = self._lock
+        lock.acquire()  # not a with block: ~0.1 us less a row on CPython 3.11
+        try:
+            if self.filled >= self.batch_size:  # a full batch whose send failed: it goes first
+                self._send()
+            i = self.filled
+            if not self.write_row(transition, i):
+                self._add_checked(transition, i)
+            self.filled = i + 1
+            if self.filled >= self.batch_size or time.monotonic() >= self.deadline:
+                self._send()
+        finally:
+            lock.release()
 
     def _add_checked(self, transition: TensorDictBase | Mapping[str, Any], i: int) -> None:
         """The rows the compiled writer declined: the schema's full check, then the copy (or the error)."""
@@ -624,8 +667,10 @@ class Writer:
     def add_batch(self, batch: TensorDictBase | Mapping[str, Any]) -> None:
         """Send a whole batch (after the single adds queued before it) without waiting for it to be stored:
         at most ``max_in_flight`` batches are on their way."""
-        self._send()
-        self._dispatch(to_numpy(batch), None)
+        data = to_numpy(batch)
+        with self._lock:
+            self._send()
+            self._dispatch(data, None)
 
     def _new_set(self) -> _Columns:
         """A fresh column set: in this writer's files when a shard shares its node, else plain memory."""
@@ -763,6 +808,10 @@ class Writer:
 
     def flush(self) -> None:
         """Send what is pending and wait until every batch is stored."""
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
         self._send()
         while self.in_flight:
             self._settle()
@@ -770,8 +819,12 @@ class Writer:
     def close(self) -> None:
         """:meth:`flush`, then let the shards drop their mappings of this writer's files and remove them.
         The writer stays usable, its later batches through Ray."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         try:
-            self.flush()
+            self._flush()
         finally:
             if self._finalizer is not None:
                 ray = _ray()

@@ -16,7 +16,10 @@ and copies the rows straight from the mapping into its storage, under the same `
 All three ride in the buffer's full checkpoints as the extra state ``"remote_shard"`` (:class:`ShardState`).
 When Ray restarts a dead shard, the actor is constructed again: it loads the generation the manifest names,
 and counts as lost the rows its journal says it wrote after that checkpoint; a retried write of one of them
-is stored again and no longer counted lost.
+is stored again and no longer counted lost. The count of lost rows (and which writes may still come again)
+rides in the checkpoints too, and the journal tells a shard's lifetimes apart (:mod:`.cut`), so
+``lost_rows`` adds up over every restart: rows held + rows lost == rows acknowledged, whatever cuts and
+restarts came in between.
 """
 
 from __future__ import annotations
@@ -36,7 +39,14 @@ from tensordict import TensorDictBase
 from objectrl_buffer.checkpoint.extras import Arrays, Values
 from objectrl_buffer.checkpoint.manifest import ExtraValue
 from objectrl_buffer.core.keys import GENERATION_KEY, INDEX_KEY
-from objectrl_buffer.distributed.cut import journal_path, read_manifest, shard_path
+from objectrl_buffer.distributed.cut import (
+    JournalLine,
+    journal_line,
+    journal_path,
+    read_journal,
+    read_manifest,
+    shard_path,
+)
 from objectrl_buffer.errors import BufferUnavailable, CheckpointError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.storage.torchrl_compat import plain_items
@@ -165,7 +175,11 @@ def _priorities(buffer: Any) -> Any:
 
 class ShardState:
     """The extra state ``"remote_shard"``: slot generations (array ``[capacity]`` int64), rows ever written,
-    and the last ``seq`` applied per writer (a JSON object in one string value)."""
+    the last ``seq`` applied per writer (a JSON object in one string value), and the restarts' accounts:
+    ``lost`` (rows acknowledged and dropped by restarts, not stored again since), ``pending`` (the writes
+    among them a writer may still send again: ``{writer: {seq: rows}}``, a JSON string) and ``epoch`` (the
+    lifetime of the shard that saved it, see :mod:`.cut`). A checkpoint without the last three (an older
+    version's) reads as none lost, epoch 0."""
 
     name = "remote_shard"
 
@@ -173,12 +187,36 @@ class ShardState:
         self.generation = np.full(capacity, -1, dtype=np.int64)
         self.written = 0
         self.seqs: dict[str, int] = {}
+        self.lost = 0
+        self.pending: dict[str, dict[int, int]] = {}
+        self.epoch = 0
 
     def state(self) -> tuple[Arrays, dict[str, ExtraValue]]:
+        pending = {w: [[seq, rows] for seq, rows in p.items()] for w, p in self.pending.items()}
         return {"generation": torch.from_numpy(self.generation.copy())}, {
             "written": self.written,
             "writers": json.dumps(self.seqs),
+            "lost": self.lost,
+            "pending": json.dumps(pending),
+            "epoch": self.epoch,
         }
+
+    @staticmethod
+    def _pending(values: Values) -> dict[str, dict[int, int]]:
+        """The ``pending`` value as ``{writer: {seq: rows}}``.
+
+        Raises:
+            ValueError: not of that form.
+        """
+        got = json.loads(str(values.get("pending", "{}")))
+        if not isinstance(got, dict):
+            raise ValueError("not an object")
+        out = {}
+        for writer, pairs in got.items():
+            if not (isinstance(pairs, list) and all(_ints(pair, 2) for pair in pairs)):
+                raise ValueError(f"writer {writer!r}")
+            out[writer] = {int(seq): int(rows) for seq, rows in pairs}
+        return out
 
     def check(self, arrays: Arrays, values: Values, rows: int, source: str) -> None:
         gen = arrays.get("generation")
@@ -190,11 +228,27 @@ class ShardState:
             raise CheckpointError(f"'{source}': bad remote_shard writers") from None
         if not (isinstance(seqs, dict) and all(isinstance(v, int) for v in seqs.values())):
             raise CheckpointError(f"'{source}': bad remote_shard writers")
+        for key in ("lost", "epoch"):
+            value = values.get(key, 0)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                raise CheckpointError(f"'{source}': bad remote_shard {key}")
+        try:
+            self._pending(values)
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(f"'{source}': bad remote_shard pending ({exc})") from None
 
     def restore(self, arrays: Arrays, values: Values) -> None:
         self.generation = arrays["generation"].numpy().astype(np.int64, copy=True)
         self.written = int(values["written"])
         self.seqs = dict(json.loads(str(values["writers"])))
+        self.lost = int(values.get("lost", 0))
+        self.pending = self._pending(values)
+        self.epoch = int(values.get("epoch", 0))
+
+
+def _ints(value: Any, n: int) -> bool:
+    """``value`` is a list of ``n`` ints (JSON)."""
+    return isinstance(value, list) and len(value) == n and all(type(v) is int for v in value)
 
 
 class Shard:
@@ -222,8 +276,6 @@ class Shard:
         self.buffer.checkpoint_extras.append(self.state)
         self.priorities = _priorities(self.buffer)  # restored in place by load(): found once
         self.index, self.root = index, checkpoint_root
-        self.lost = 0  # rows written since the last checkpoint that a restart dropped (and nobody re-sent)
-        self.pending_lost: dict[tuple[str, int], int] = {}
         self.saved_written: dict[int, int] = {}  # generation -> rows written when this shard saved it
         self.journal: Any = None
         #: writer id -> ``(folder, set index)`` -> ``(capacity, layout)`` and its mapped columns
@@ -234,24 +286,35 @@ class Shard:
             import ray
 
             os.makedirs(checkpoint_root, exist_ok=True)
-            if resume or ray.get_runtime_context().was_current_actor_reconstructed:
+            reload = resume or ray.get_runtime_context().was_current_actor_reconstructed
+            if reload:
                 self._reload()
-            self.journal = open(journal_path(checkpoint_root, index), "a", buffering=1)  # noqa: SIM115
+            # a first start without resume begins empty: an older run's journal says nothing about it
+            self.journal = open(journal_path(checkpoint_root, index), "a" if reload else "w", buffering=1)  # noqa: SIM115
+
+    @property
+    def lost(self) -> int:
+        """Rows acknowledged that this shard's restarts dropped, over all its restarts (not stored again)."""
+        return self.state.lost
 
     def _reload(self) -> None:
+        """Load the manifest's generation, then count as lost the journal's writes it does not hold: those
+        of the lifetime that saved it made after the save, and all of later lifetimes (each counted once,
+        by ``(writer, seq)``). This lifetime is one more than any the journal names."""
         assert self.root is not None
         manifest = read_manifest(self.root)
         if manifest is not None:
             self.buffer.load(shard_path(self.root, manifest["generation"], self.index), progress=False)
-        try:
-            with open(journal_path(self.root, self.index)) as f:
-                lines = [line.split() for line in f if line.endswith("\n")]
-        except FileNotFoundError:
-            lines = []
-        for writer, seq, rows, written in lines:  # writes after the checkpoint: gone with the process
-            if int(written) > self.state.written:
-                self.pending_lost[(writer, int(seq))] = int(rows)
-        self.lost = sum(self.pending_lost.values())
+        state = self.state
+        saved, newest = state.epoch, state.epoch
+        for line in read_journal(self.root, self.index):
+            newest = max(newest, line.epoch)
+            if line.epoch > saved or (line.epoch == saved and line.written > state.written):
+                pending = state.pending.setdefault(line.writer, {})
+                if line.seq not in pending:
+                    pending[line.seq] = line.rows
+                    state.lost += line.rows
+        state.epoch = newest + 1
 
     # ------------------------------------------------------------------ writes
     def _wrote(self, pointer: int, n: int) -> None:
@@ -267,11 +330,17 @@ class Shard:
     def _record(self, writer: str | None, seq: int, n: int) -> None:
         if writer is None:
             return
-        self.state.seqs[writer] = seq
+        state = self.state
+        state.seqs[writer] = seq
         if self.journal is not None:
-            self.journal.write(f"{writer} {seq} {n} {self.state.written}\n")
-        restored = self.pending_lost.pop((writer, seq), 0)
-        self.lost -= restored
+            self.journal.write(journal_line(JournalLine(writer, seq, n, state.written, state.epoch)))
+        pending = state.pending.get(writer)
+        if pending:  # a lost write sent again is held again; earlier lost seqs of this writer can no longer be
+            state.lost -= pending.pop(seq, 0)
+            for old in [old for old in pending if old < seq]:
+                del pending[old]  # lost for good (still counted)
+            if not pending:
+                del state.pending[writer]
 
     def add(self, transition: Mapping[str, Any], writer: str | None = None, seq: int = 0, _admitted: Any = None) -> int:
         """Store one transition (``num_envs`` rows) unless ``(writer, seq)`` was applied; rows written."""
@@ -409,16 +478,22 @@ class Shard:
         return len(self.buffer)
 
     def commit(self, generation: int) -> None:
-        """The manifest names ``generation`` now: drop journal lines it covers, forget older saves."""
+        """The manifest names ``generation`` now: drop journal lines it covers, forget older saves.
+
+        Saved by this lifetime, it covers this lifetime's lines up to its save and every earlier lifetime's
+        (their losses are in its ``lost``); saved by an earlier lifetime (this one restarted between the save
+        and the commit), it is not known here and every line is kept."""
         assert self.root is not None and self.journal is not None
-        covered = self.saved_written.get(generation, 0)
+        covered = self.saved_written.get(generation)
         self.saved_written = {g: w for g, w in self.saved_written.items() if g > generation}
         path = journal_path(self.root, self.index)
         self.journal.close()
-        with open(path) as f:
-            keep = [line for line in f if line.endswith("\n") and int(line.split()[3]) > covered]
+        epoch = self.state.epoch
+        lines = read_journal(self.root, self.index)
+        if covered is not None:
+            lines = [line for line in lines if line.epoch == epoch and line.written > covered]
         with open(path + ".tmp", "w") as f:
-            f.writelines(keep)
+            f.writelines(journal_line(line) for line in lines)
         os.replace(path + ".tmp", path)
         self.journal = open(path, "a", buffering=1)  # noqa: SIM115
 
