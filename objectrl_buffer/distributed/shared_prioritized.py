@@ -150,7 +150,8 @@ class SharedPrioritizedBuffer(SharedBuffer):
         finished row keep weight 0."""
         with self.priority_lock:
             self.priority.copy_(priority)
-            self.tree.rebuild(self._weight(priority) * (self.slots.gens > 0))
+            everything = torch.arange(self.capacity)
+            self.tree.rebuild(self._weight(priority) * self.servable(everything))
             self.head[0] = max_priority
 
     def priority_state(self) -> dict[str, torch.Tensor]:
@@ -209,7 +210,7 @@ class SharedPrioritizedBuffer(SharedBuffer):
             return
         slots = slots.unique()
         with self.priority_lock:
-            open_ = (self.slots.generations(slots) == 0).nonzero().squeeze(1)  # checked under the lock
+            open_ = (~self.servable(slots)).nonzero().squeeze(1)  # checked under the lock
             if open_.numel():
                 slots = slots.index_select(0, open_)
                 self.tree.update(slots, torch.zeros(slots.shape, dtype=torch.float64))
