@@ -94,6 +94,7 @@ class Writers:
         self.words = words.numpy()
         self.table = self.words[1 : 1 + TABLE * _WIDTH].reshape(TABLE, _WIDTH)
         self.taints = words[1 + TABLE * _WIDTH :]
+        self.taint_words = self.taints.numpy()
         self._base = words.data_ptr()
         self.lock = FileLock(path)
         self.fence_lock = threading.Lock()
@@ -110,8 +111,8 @@ class Writers:
     def close(self) -> None:
         """Give back this process's entries of this handle (when not in flight)."""
         for entry, _ in self._mine.values():
-            if not self.table[entry, 1]:
-                self._cas(1 + entry * _WIDTH, os.getpid(), 0)
+            if not self.words[entry + 1]:
+                self._cas(entry, os.getpid(), 0)
         self.forget()
 
     def _address(self, word: int) -> int:
@@ -132,7 +133,8 @@ class Writers:
         mine = self._mine.get(tid)
         if mine is None:
             entry = self._claim(tid)
-            mine = self._mine[tid] = (entry, atomic.load(self._address(1 + entry * _WIDTH + 3)))
+            at = 1 + entry * _WIDTH  # kept as the word of its pid: words[at + 1] is its ticket, [at + 2] its rows
+            mine = self._mine[tid] = (at, atomic.load(self._address(at + 3)))
         self._tid, (self._entry, self._fence) = tid, mine
 
     def _claim(self, tid: int) -> int:
@@ -146,7 +148,9 @@ class Writers:
                     self._drop_dead(i, int(table[i, 1]))
                     break
             else:
-                raise ConcurrentUseError(f"more than {TABLE} handles and threads write the shared ring at '{self.path}'")
+                raise ConcurrentUseError(
+                    f"more than {TABLE} handles and threads write the shared ring at '{self.path}'"
+                )
         table[entry, 3] = tid
         while int(self.words[0]) <= entry and not self._cas(0, int(self.words[0]), entry + 1):
             pass
@@ -159,9 +163,9 @@ class Writers:
         tid = threading.get_ident()
         if tid != self._tid:
             self._use(tid)
-        entry, table = self._entry, self.table
-        table[entry, 2] = n
-        table[entry, 1] = first + 1
+        entry, words = self._entry, self.words
+        words[entry + 2] = n  # the count first: a reader that sees the ticket sees it
+        words[entry + 1] = first + 1
         return entry
 
     def settle(self, first: int, n: int, *, taint: bool = True) -> int:
@@ -173,15 +177,18 @@ class Writers:
         else:
             with self.fence_lock:
                 pass
-        reserved = int(self.reserved[0])
-        lapped = min(n, max(0, reserved - self.capacity - first))
-        if lapped and taint:
+        reserved = self.reserved.item(0)
+        lapped = reserved - self.capacity - first
+        if lapped <= 0:
+            return 0
+        lapped = min(n, lapped)
+        if taint:
             self.taint(first, lapped, reserved)
         return lapped
 
     def leave(self, entry: int) -> None:
         """The write of ``entry`` is over (after its last store, publication included)."""
-        self.table[entry, 1] = 0
+        self.words[entry + 1] = 0
 
     def taint(self, first: int, n: int, reserved: int) -> None:
         """Rows of the slots of tickets ``first .. first + n - 1`` below ticket ``reserved`` are never served."""
@@ -197,39 +204,37 @@ class Writers:
         """Call after copying rows: which of the ``slots`` (int64 ``[k]``), holding rows of commit
         ``generations`` (``seq + 1``) when the copy began, may hold bytes of another write (bool ``[k]``)."""
         busy = self.busy()  # the table first, then the taints (a cleared entry's taints are visible then)
-        out = generations <= self.taints.index_select(0, slots)
-        if busy is not None:
-            first, count = busy
-            cap = self.capacity
-            hit = (slots.unsqueeze(1) - first.unsqueeze(0)).remainder_(cap) < count.unsqueeze(0)
-            out |= hit.any(1)
-        return out
-
-    def busy(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The writes in flight: their first slots and row counts (int64 ``[m]`` each), or ``None``. Entries
-        of dead writers found lapped are tainted and cleared on the way."""
-        claimed = int(self.words[0])
-        if not claimed:
-            return None
-        tickets = self.table[:claimed, 1].copy()  # loaded before the counts: see the module docs
-        live = np.flatnonzero(tickets)
-        if not live.size:
-            return None
-        counts = self.table[live, 2]
-        first = tickets[live] - 1
-        stale = first + self.capacity < int(self.reserved[0])
-        if stale.any():
-            keep = np.ones(live.size, dtype=bool)
-            for j in np.flatnonzero(stale):
-                entry = int(live[j])
-                if not _alive(int(self.table[entry, 0])):
-                    self._drop_dead(entry, int(tickets[entry]))
-                    keep[j] = False
-            first, counts = first[keep], counts[keep]
-            if not first.size:
-                return None
+        at = slots.numpy()
+        out = generations.numpy() <= self.taint_words[at]
         cap = self.capacity
-        return torch.from_numpy(first % cap), torch.from_numpy(np.minimum(counts, cap))
+        for first, count in busy:  # a few writers at most: a NumPy op or three each
+            if count == 1:
+                out |= at == first
+            elif first + count <= cap:
+                out |= (at >= first) & (at < first + count)
+            else:
+                out |= (at >= first) | (at < first + count - cap)
+        return torch.from_numpy(out)
+
+    def busy(self) -> list[tuple[int, int]]:
+        """The writes in flight: ``(first slot, slots)`` each. Entries of dead writers found lapped are
+        tainted and cleared on the way."""
+        claimed = self.words.item(0)
+        if not claimed:
+            return []
+        tickets = self.table[:claimed, 1].tolist()  # loaded before the counts: see the module docs
+        out = []
+        cap, reserved = self.capacity, -1
+        for entry, ticket in enumerate(tickets):
+            if ticket:
+                count = min(self.table.item(entry, 2), cap)
+                if reserved < 0:
+                    reserved = self.reserved.item(0)
+                if ticket - 1 + cap < reserved and not _alive(self.table.item(entry, 0)):  # lapped, and dead
+                    self._drop_dead(entry, ticket)
+                    continue
+                out.append(((ticket - 1) % cap, count))
+        return out
 
     def _drop_dead(self, entry: int, ticket: int) -> None:
         """A dead writer's entry (``ticket``: its stored first ticket + 1, 0 when idle): taint its slots at
