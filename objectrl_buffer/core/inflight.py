@@ -104,9 +104,9 @@ class Writers:
     def forget(self) -> None:
         """Drop this handle's entries (a fork child: they are its parent's)."""
         self._mine: dict[int, tuple[int, atomic.Atomic64 | None]] = {}
-        self._tid = -1
-        self._entry = -1
-        self._fence: atomic.Atomic64 | None = None
+        #: (thread id, entry, fence) of the thread that wrote last: read and replaced as one object, so a
+        #: thread never takes another's entry
+        self._last: tuple[int, int, atomic.Atomic64 | None] = (-1, -1, None)
 
     def close(self) -> None:
         """Give back this process's entries of this handle (when not in flight)."""
@@ -129,13 +129,14 @@ class Writers:
             self.words[word] = desired
             return True
 
-    def _use(self, tid: int) -> None:
+    def _use(self, tid: int) -> tuple[int, int, atomic.Atomic64 | None]:
         mine = self._mine.get(tid)
         if mine is None:
             entry = self._claim(tid)
             at = 1 + entry * _WIDTH  # kept as the word of its pid: words[at + 1] is its ticket, [at + 2] its rows
             mine = self._mine[tid] = (at, atomic.load(self._address(at + 3)))
-        self._tid, (self._entry, self._fence) = tid, mine
+        last = self._last = (tid, *mine)
+        return last
 
     def _claim(self, tid: int) -> int:
         pid, table = os.getpid(), self.table
@@ -161,9 +162,10 @@ class Writers:
         """List tickets ``first .. first + n - 1`` as in flight (before any store into their slots); return
         the entry to pass to :meth:`settle` and :meth:`leave`."""
         tid = threading.get_ident()
-        if tid != self._tid:
-            self._use(tid)
-        entry, words = self._entry, self.words
+        last = self._last
+        if last[0] != tid:
+            last = self._use(tid)
+        entry, words = last[1], self.words
         words[entry + 2] = n  # the count first: a reader that sees the ticket sees it
         words[entry + 1] = first + 1
         return entry
@@ -171,7 +173,7 @@ class Writers:
     def settle(self, first: int, n: int, *, taint: bool = True) -> int:
         """After the copy of tickets ``first .. first + n - 1``: how many of them (the oldest) were lapped;
         ``taint``: mark their slots (they must not be published). Issues the writer's fence."""
-        fence = self._fence
+        fence = self._last[2]  # a locked instruction of this thread: any thread's entry serves
         if fence is not None:
             fence.fetch_add(0)  # a locked instruction: every store before it is visible before the load below
         else:

@@ -19,6 +19,9 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -70,14 +73,16 @@ class SlowCopy:
 
     def _copy(self, values: dict[str, torch.Tensor], slots: list[int]) -> None:
         cols = self.buffer.columns
+        mid, after = self.mid, self.after
+        self.mid = self.after = lambda: None  # only the first copy is slow (writes of ``mid`` pass straight)
         for i, slot in enumerate(slots):
             cols["fill"][slot, : WIDTH // 2] = values["fill"][i, : WIDTH // 2]
-        self.mid()
+        mid()
         for i, slot in enumerate(slots):
             cols["fill"][slot, WIDTH // 2 :] = values["fill"][i, WIDTH // 2 :]
             cols["writer"][slot] = values["writer"][i]
             cols["seq"][slot] = values["seq"][i]
-        self.after()
+        after()
 
     def write_row(self, transition: dict[str, Any], slot: int, warned: Any) -> bool:
         self._copy({k: torch.as_tensor(v).unsqueeze(0) for k, v in transition.items()}, [slot])
@@ -151,6 +156,42 @@ def test_a_lapped_writer_leaves_its_slot_unserved_and_the_newer_ticket_never_los
         assert not bool(slow.servable(torch.tensor([slot]))[0])  # nor is the newer row it may be mixed into
         held = slow.rows()
         assert slot not in held["index"].tolist() and set(held["writer"].tolist()) == {1}
+        lapper.close()
+
+
+def test_a_writer_thread_lapped_by_another_thread_of_the_same_handle() -> None:
+    """Threads of one handle each list their own write in flight: a thread lapping another's copy does not
+    hide it."""
+    with SharedBuffer.create(schema(), 8, seed=0) as buffer:
+        reader = pickle.loads(pickle.dumps(buffer))
+        buffer.add_batch(rows_of(1, range(8)))
+        seen: list[int] = []
+
+        def lap() -> None:  # another thread, the same handle, writes a lap while this one is inside its copy
+            other = threading.Thread(target=lambda: [buffer.add(row(1, seq)) for seq in range(8, 24)])
+            other.start()
+            other.join()
+
+        buffer.fast = SlowCopy(buffer, lap, lambda: check_served(reader, seen))  # type: ignore[assignment]
+        buffer.add(row(0, 0))
+        check_served(reader, seen)
+        assert seen and sum(seen) == 0, seen
+        reader.close()
+
+
+def test_a_copy_stopped_by_an_exception_after_a_lap_leaves_no_mixed_row() -> None:
+    with SharedBuffer.create(schema(), 8, seed=0) as buffer:
+        lapper = pickle.loads(pickle.dumps(buffer))
+        buffer.add_batch(rows_of(1, range(8)))
+
+        def fail() -> None:
+            raise KeyboardInterrupt
+
+        buffer.fast = SlowCopy(buffer, lambda: lapper.add_batch(rows_of(1, range(8, 16))), fail)  # type: ignore[assignment]
+        with pytest.raises(KeyboardInterrupt):
+            buffer.add(row(0, 0))
+        assert torn(buffer.rows()) == 0 and torn(buffer.sample_batch(256)) == 0
+        assert len(buffer.rows()) == 7  # its slot: not served until rewritten
         lapper.close()
 
 
@@ -237,3 +278,12 @@ def test_rows_are_uniform_helper_sees_a_mix() -> None:
     mixed = rows_of(0, range(2))
     mixed["fill"][0, :10] = 5
     assert torn(mixed) == 1 and torn(rows_of(3, range(4))) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SLOW, reason="a fresh interpreter: set RUN_SLOW=1")
+def test_the_lock_path_without_atomics_too() -> None:
+    """The same tests in a process whose atomics are switched off (fences and compare-and-swaps by locks)."""
+    env = {**os.environ, "OBJECTRL_BUFFER_NO_ATOMICS": "1"}
+    args = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", "not lock_path"]
+    assert subprocess.run(args, env=env, timeout=600).returncode == 0
