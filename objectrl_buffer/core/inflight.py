@@ -7,7 +7,8 @@ fetch-add); ticket ``t`` writes slot ``t % capacity``. A writer preempted inside
 no per-slot stamp can tell, since the newer writer overwrote whatever the older one had stamped. Two shared
 records close that gap (one file, ``int64`` words, mapped by every process):
 
-* **the writers table**: ``[0]`` how many entries were ever claimed, then ``TABLE`` entries of
+* **the writers table**: ``[0]`` how many entries were ever claimed, ``[1]`` how many taints were ever
+  raised (readers skip the taints while it is 0), then ``TABLE`` entries of
   ``(pid, first ticket + 1, rows, thread id)``, one per writing handle and thread. A writer stores its
   tickets there (:meth:`Writers.enter`) *before* its first store into the slots, and clears them
   (:meth:`Writers.leave`) only after its last. A reader that copied a row checks, *after* the copy, that no
@@ -54,6 +55,7 @@ __all__ = ["Writers", "TABLE"]
 
 TABLE = 1024  # writing handle-threads at once
 _WIDTH = 4  # pid, first ticket + 1, rows, thread id
+_HEAD = 2  # entries ever claimed, taints ever raised
 
 
 def _alive(pid: int) -> bool:
@@ -82,7 +84,7 @@ class Writers:
 
     def __init__(self, path: str, capacity: int, reserved: np.ndarray) -> None:
         self.path, self.capacity, self.reserved = path, capacity, reserved
-        size = 1 + TABLE * _WIDTH + capacity
+        size = _HEAD + TABLE * _WIDTH + capacity
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             if os.fstat(fd).st_size < 8 * size:
@@ -92,8 +94,8 @@ class Writers:
         words = torch.from_file(path, shared=True, size=size, dtype=torch.int64)
         self._words = words  # keeps the mapping alive under the atomics' raw addresses
         self.words = words.numpy()
-        self.table = self.words[1 : 1 + TABLE * _WIDTH].reshape(TABLE, _WIDTH)
-        self.taints = words[1 + TABLE * _WIDTH :]
+        self.table = self.words[_HEAD : _HEAD + TABLE * _WIDTH].reshape(TABLE, _WIDTH)
+        self.taints = words[_HEAD + TABLE * _WIDTH :]
         self.taint_words = self.taints.numpy()
         self._base = words.data_ptr()
         self.lock = FileLock(path)
@@ -133,18 +135,18 @@ class Writers:
         mine = self._mine.get(tid)
         if mine is None:
             entry = self._claim(tid)
-            at = 1 + entry * _WIDTH  # kept as the word of its pid: words[at + 1] is its ticket, [at + 2] its rows
+            at = _HEAD + entry * _WIDTH  # kept as the word of its pid: words[at + 1] is its ticket, [at + 2] its rows
             mine = self._mine[tid] = (at, atomic.load(self._address(at + 3)))
         last = self._last = (tid, *mine)
         return last
 
     def _claim(self, tid: int) -> int:
         pid, table = os.getpid(), self.table
-        entry = next((i for i in range(TABLE) if not table[i, 0] and self._cas(1 + i * _WIDTH, 0, pid)), -1)
+        entry = next((i for i in range(TABLE) if not table[i, 0] and self._cas(_HEAD + i * _WIDTH, 0, pid)), -1)
         if entry < 0:  # reclaim the entry of a process gone
             for i in range(TABLE):
                 owner = int(table[i, 0])
-                if owner != pid and not _alive(owner) and self._cas(1 + i * _WIDTH, owner, pid):
+                if owner != pid and not _alive(owner) and self._cas(_HEAD + i * _WIDTH, owner, pid):
                     entry = i
                     self._drop_dead(i, int(table[i, 1]))
                     break
@@ -194,20 +196,26 @@ class Writers:
 
     def taint(self, first: int, n: int, reserved: int) -> None:
         """Rows of the slots of tickets ``first .. first + n - 1`` below ticket ``reserved`` are never served."""
-        base = 1 + TABLE * _WIDTH
+        base = _HEAD + TABLE * _WIDTH
         for slot in sorted({(first + i) % self.capacity for i in range(min(n, self.capacity))}):
             while True:
                 seen = int(self.words[base + slot])
                 if seen >= reserved or self._cas(base + slot, seen, reserved):
                     break
+        while not self._cas(1, self.words.item(1), self.words.item(1) + 1):  # before the entry is cleared
+            pass
 
     # ------------------------------------------------------------------ readers
-    def unsafe(self, slots: torch.Tensor, generations: torch.Tensor) -> torch.Tensor:
+    def unsafe(self, slots: torch.Tensor, generations: torch.Tensor) -> torch.Tensor | None:
         """Call after copying rows: which of the ``slots`` (int64 ``[k]``), holding rows of commit
-        ``generations`` (``seq + 1``) when the copy began, may hold bytes of another write (bool ``[k]``)."""
+        ``generations`` (``seq + 1``) when the copy began, may hold bytes of another write (bool ``[k]``);
+        ``None`` when none may (no write in flight, no taint ever raised: the common case)."""
         busy = self.busy()  # the table first, then the taints (a cleared entry's taints are visible then)
+        tainted = self.words.item(1)
+        if not busy and not tainted:
+            return None
         at = slots.numpy()
-        out = generations.numpy() <= self.taint_words[at]
+        out = generations.numpy() <= self.taint_words[at] if tainted else np.zeros(at.shape, dtype=bool)
         cap = self.capacity
         for first, count in busy:  # a few writers at most: a NumPy op or three each
             if count == 1:
@@ -243,4 +251,4 @@ class Writers:
         the current counter, then clear it."""
         if ticket:
             self.taint(ticket - 1, int(self.table[entry, 2]), int(self.reserved[0]))
-            self._cas(1 + entry * _WIDTH + 1, ticket, 0)
+            self._cas(_HEAD + entry * _WIDTH + 1, ticket, 0)

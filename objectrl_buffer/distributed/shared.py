@@ -367,7 +367,8 @@ class SharedBuffer:
         slots, seqs = slots.index_select(0, done), seqs.index_select(0, done)
         out = {key: column.index_select(0, slots) for key, column in self.columns.items()}
         unsafe = self.writers.unsafe(slots, seqs + 1)  # after the copy, before the generations: see core.inflight
-        kept = _whole((self.slots.generations(slots) == seqs + 1) & ~unsafe, step)  # not rewritten while read
+        held = self.slots.generations(slots) == seqs + 1
+        kept = _whole(held if unsafe is None else held & ~unsafe, step)  # not rewritten (nor mixed) while read
         out = {key: value.index_select(0, kept) for key, value in out.items()}
         out[INDEX_KEY] = slots.index_select(0, kept)
         return make_tensordict(out, torch.Size([kept.numel()]), None)
@@ -394,7 +395,9 @@ class SharedBuffer:
             before = self.slots.generations(slots)
             rows = {key: column.index_select(0, slots) for key, column in self.columns.items()}
             unsafe = self.writers.unsafe(slots, before)  # after the copy, before the generations (core.inflight)
-            ok = (before > 0) & (before == self.slots.generations(slots)) & ~unsafe
+            ok = (before > 0) & (before == self.slots.generations(slots))
+            if unsafe is not None:
+                ok &= ~unsafe
             if todo.numel() == k and bool(ok.all()):  # the common case: every row was finished
                 rows[INDEX_KEY] = slots
                 if generations:

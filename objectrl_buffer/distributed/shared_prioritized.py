@@ -14,7 +14,9 @@ row (its commit generation is the row's), so a slot never drawable before its fi
 writer never overwrites the priority of a newer row at its slot. A slot drawn while it is being rewritten
 (its generation shows the write) is redrawn, as uniform samples are, and the sampler takes its sampling
 weight off (under the lock, if the slot is still being written: the writer's priority, set after its
-commit, gives it back), so a writer killed mid-write leaves a slot that is not drawn until rewritten.
+commit, gives it back), so a writer killed mid-write leaves a slot that is not drawn until rewritten. So
+does a slot tainted by a lapped write (:mod:`objectrl_buffer.distributed.shared`): a lapped row is never
+published, so it never gets a priority; the slot's next row, committed by a later ticket, gets one.
 
 Stale updates: a sample carries each row's commit generation (``"generation"``, the slot's ``seq + 1``);
 :meth:`SharedPrioritizedBuffer.update_priority` given it compares it with the slot's generation under the
