@@ -374,8 +374,12 @@ class SharedBuffer:
         return make_tensordict(out, torch.Size([kept.numel()]), None)
 
     def sample_batch(self, batch_size: int, *, generations: bool = False) -> TensorDict:
-        """``batch_size`` finished rows drawn uniformly with replacement (rows being written are redrawn);
-        with ``generations``, also ``"generation"``: each drawn row's commit generation (int64, ``seq + 1``).
+        """``batch_size`` finished rows drawn uniformly with replacement; with ``generations``, also
+        ``"generation"``: each drawn row's commit generation (int64, ``seq + 1``).
+
+        A drawn row that cannot be served (being written, a write in flight on its slot, or its slot tainted
+        by a lapped write: see the module docs) is dropped after the copy and its position redrawn, so the
+        batch keeps its size and the draws are uniform (or by priority) over the rows that can be served.
 
         Raises:
             EmptyBufferError: no finished row.
