@@ -198,8 +198,11 @@ class SharedBuffer:
         return min(self.slots.reserved, self.capacity)
 
     def committed(self) -> int:
-        """Slots that hold a finished row (what samples are drawn from)."""
-        return self.slots.committed()
+        """Slots that hold a finished row (what samples are drawn from; a slot tainted by a lapped write is
+        not counted until rewritten)."""
+        if not self.writers.words.item(1):  # no taint ever raised
+            return self.slots.committed()
+        return int(self.servable(torch.arange(self.capacity)).sum())
 
     @property
     def pointer(self) -> int:

@@ -130,7 +130,7 @@ def test_a_lapped_writer_never_gets_a_mixed_row_served(kind: type[SharedBuffer],
         assert seen and sum(seen) == 0, seen
         # the lapped slot is never served until rewritten; a clean rewrite makes it servable again
         served = reader.rows()
-        assert torn(served) == 0 and len(served) == capacity - (3 if batch else 1)
+        assert torn(served) == 0 and len(served) == capacity - (3 if batch else 1) == reader.committed()
         lapper.add_batch(rows_of(2, range(capacity)))
         served = reader.rows()
         assert torn(served) == 0 and len(served) == capacity
@@ -287,3 +287,13 @@ def test_the_lock_path_without_atomics_too() -> None:
     env = {**os.environ, "OBJECTRL_BUFFER_NO_ATOMICS": "1"}
     args = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", "not lock_path"]
     assert subprocess.run(args, env=env, timeout=600).returncode == 0
+
+
+def test_a_folder_made_before_the_writers_table_opens_and_serves() -> None:
+    """A shared folder laid out by an earlier version (no ``writers.bin``) still opens: the table is made."""
+    folder = SharedBuffer.make_folder(schema(), 8)
+    os.remove(os.path.join(folder, "writers.bin"))
+    with SharedBuffer(folder, seed=0, owner=True) as buffer:
+        buffer.add_batch(rows_of(1, range(10)))
+        assert buffer.committed() == 8 and torn(buffer.sample_batch(64)) == 0
+    assert not os.path.exists(folder)
