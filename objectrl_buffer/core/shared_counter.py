@@ -13,7 +13,10 @@ committed there (``seq``: its number among all rows ever reserved), or 0 while n
   :meth:`~SharedSlots.commit` s them (``seq + 1``).
 * A reader takes the generations before (:meth:`~SharedSlots.generations`) and after reading rows, and keeps
   a row only if both are equal and > 0 (a per-slot seqlock): it never sees a row being written, and a
-  writer that dies mid-write (even by SIGKILL) leaves its slots at 0: skipped, never waited for.
+  writer that dies mid-write (even by SIGKILL) leaves its slots at 0: skipped, never waited for. That holds
+  while one writer at a time holds a slot; a writer lapped inside its copy (``capacity`` rows reserved
+  meanwhile) shares its slot with a newer one, which no generation can show: the shared ring adds the
+  writes-in-flight table and taints of :mod:`objectrl_buffer.core.inflight` for that.
 
 Stores to the mapping are plain aligned 8-byte stores, ordered as issued on x86-64 (TSO). Single slots go
 through a NumPy view of the mapping (~0.1 us a store; a torch index op costs ~2-5 us).

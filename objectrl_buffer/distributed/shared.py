@@ -8,13 +8,19 @@ atomic fetch-add, or under a kernel-released lock where atomics are missing); sa
 rows (per-slot generations), so no row is ever seen half-written and a writer killed mid-write blocks
 nobody: its slots are skipped until rewritten.
 
+Writers lapping the ring: a writer preempted inside its copy while ``capacity`` more rows are reserved
+shares its slot with a newer writer. Every write is listed in a shared table of writes in flight while it
+copies, and checks after its copy whether its slot was handed out again (:mod:`objectrl_buffer.core.inflight`):
+a lapped row is not published and its slot is *tainted*, so neither a sample, nor :meth:`SharedBuffer.rows`,
+nor a prioritized draw ever serves a row mixed from two writes; the slot is served again once a later
+ticket rewrites it. Samplers redraw rows they cannot serve (the batch keeps its size; draws stay uniform, or
+by priority, over the rows that can be served). No precondition on the rows in flight is left to the user.
+
 Rows of a page or more (Atari frames): a process's first store into each page of the shared files takes a
 page fault (a fresh process, or a fork child: the kernel does not copy the page tables of shared mappings),
 ~14 a 56 KB row, which made a cold writer's first pass ~3x slower than a warm one. Each process maps the
 slots it writes ``_MAP_CHUNK_BYTES`` of rows at a time instead, with one ``MADV_POPULATE_WRITE`` per column
 (:func:`~objectrl_buffer.storage.prefault.populate_write`), the first time it writes into them.
-
-Rows in flight must be fewer than ``capacity`` (two writers may not hold the same slot at once).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer.checkpoint.io import atomic_write, read_small_file
+from objectrl_buffer.core.inflight import Writers
 from objectrl_buffer.core.keys import GENERATION_KEY, INDEX_KEY
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import Field, Key, Schema
@@ -46,6 +53,7 @@ __all__ = ["SharedBuffer", "share"]
 
 _LAYOUT = "layout.json"
 _SLOTS = "slots.bin"
+_WRITERS = "writers.bin"  # writes in flight and taints (made on first open where an older folder lacks it)
 _MAX_TRIES = 64  # redraws of rows that were being written when read
 _MAP_CHUNK_BYTES = 2 << 20  # rows mapped at once by a writer (rows of a page or more: see the module docs)
 _PAGE = 4096
@@ -99,6 +107,7 @@ class SharedBuffer:
             ]
         )
         self.slots = SharedSlots(os.path.join(folder, _SLOTS), self.capacity)
+        self.writers = Writers(os.path.join(folder, _WRITERS), self.capacity, self.slots.words)
         self.columns: dict[Key, torch.Tensor] = {}
         for i, field in enumerate(self.schema.fields):
             numel = self.capacity * field.shape.numel()
@@ -150,6 +159,7 @@ class SharedBuffer:
             with open(os.path.join(path, f"col{i}.bin"), "xb") as f:
                 f.truncate(capacity * field.row_bytes)
         SharedSlots(os.path.join(path, _SLOTS), capacity, create=True, start=start)
+        Writers(os.path.join(path, _WRITERS), capacity, np.zeros(1, dtype=np.int64))
         layout = json.dumps({"capacity": capacity, "fields": fields}).encode()
 
         def write(f: BinaryIO) -> None:
@@ -166,6 +176,7 @@ class SharedBuffer:
     def close(self) -> None:
         """Drop this handle's mappings; the owner also removes the files (children keep theirs until they exit)."""
         self.columns = {}
+        self.writers.close()
         if self._remove is not None:
             self._remove()
             self.owner, self._remove = False, None
@@ -187,8 +198,11 @@ class SharedBuffer:
         return min(self.slots.reserved, self.capacity)
 
     def committed(self) -> int:
-        """Slots that hold a finished row (what samples are drawn from)."""
-        return self.slots.committed()
+        """Slots that hold a finished row (what samples are drawn from; a slot tainted by a lapped write is
+        not counted until rewritten)."""
+        if not self.writers.words.item(1):  # no taint ever raised
+            return self.slots.committed()
+        return int(self.servable(torch.arange(self.capacity)).sum())
 
     @property
     def pointer(self) -> int:
@@ -216,13 +230,23 @@ class SharedBuffer:
             chunk_rows = self.chunk_rows
             if chunk_rows and not self.mapped_chunks[(word - 1) // chunk_rows]:
                 self.map_slots(word - 1, word)
-            gens = self._gens
+            gens, writers = self._gens, self.writers
+            entry = writers.enter(seq, 1)
             before = gens[word]
             gens[word] = 0
-            if fast.write_row(transition, word - 1, self._warned):
-                gens[word] = seq + 1
+            try:
+                wrote = fast.write_row(transition, word - 1, self._warned)
+            except BaseException:
+                self._abort(entry, seq, 1)
+                raise
+            if wrote:
+                if not writers.settle(seq, 1):  # lapped: not published, the slot is tainted
+                    gens[word] = seq + 1
+                writers.leave(entry)
                 return seq
-            gens[word] = before  # declined before writing anything: the slot keeps its row
+            if not writers.settle(seq, 1, taint=False):  # declined before writing anything
+                gens[word] = before  # the slot keeps its row (unless handed out again meanwhile)
+            writers.leave(entry)
             if not self.slots.unreserve(seq, 1):
                 pairs, _ = self.schema.check(transition, batch_dims=0, warned=self._warned)  # the slot is spent
                 return self._write_at(
@@ -246,22 +270,32 @@ class SharedBuffer:
                 self.map_slots(first, min(first + n, self.capacity))
                 if first + n > self.capacity:
                     self.map_slots(0, min(first + n - self.capacity, first))
+            writers = self.writers
+            keep = min(n, self.capacity)
+            entry = writers.enter(seq + n - keep, keep)
             if n <= self.capacity - first:  # one run of slots (an env step, most batches): NumPy slice stores
                 run = self._gens[1 + first : 1 + first + n]  # of the generations, ~0.3 us each (torch's: 2-5 us)
                 before = run.copy()
                 run[:] = 0
-                if fast.write_batch(batch, ring) >= 0:  # type: ignore[union-attr]
-                    run[:] = np.arange(seq + 1, seq + n + 1)
+                wrote = self._fast_batch(batch, ring, entry, seq, n)
+                lapped = writers.settle(seq, n, taint=wrote)
+                if wrote:
+                    run[lapped:] = np.arange(seq + 1 + lapped, seq + n + 1)
+                    writers.leave(entry)
                     return seq, n
-                run[:] = before  # declined before writing anything
+                run[lapped:] = before[lapped:]  # declined before writing anything
             else:
                 seqs, slots = self._placed(seq, n)
                 generations = self.slots.generations(slots)
                 self.slots.begin(slots)
-                if fast.write_batch(batch, ring) >= 0:  # type: ignore[union-attr]
-                    self.slots.commit(slots, seqs)
+                wrote = self._fast_batch(batch, ring, entry, seq, n)
+                lapped = writers.settle(seq + n - keep, keep, taint=wrote)
+                if wrote:
+                    self.slots.commit(slots[lapped:], seqs[lapped:])
+                    writers.leave(entry)
                     return seq, n
-                self.slots.gens.index_copy_(0, slots, generations)  # declined before writing anything
+                self.slots.gens.index_copy_(0, slots[lapped:], generations[lapped:])  # declined: nothing written
+            writers.leave(entry)
             if not self.slots.unreserve(seq, n):
                 pairs, m = self.schema.check(batch, batch_dims=1, warned=self._warned)  # the slots are spent
                 values = [(f, torch.as_tensor(v, dtype=f.dtype)) for f, v in pairs]
@@ -270,6 +304,21 @@ class SharedBuffer:
         if n:
             return self._write([(f, torch.as_tensor(v, dtype=f.dtype)) for f, v in pairs], n), n
         return self.slots.reserved, 0
+
+    def _fast_batch(self, batch: Any, ring: Ring, entry: int, seq: int, n: int) -> bool:
+        """The fast path's batch copy; whether it wrote (a refusal writes nothing)."""
+        try:
+            return self.fast.write_batch(batch, ring) >= 0  # type: ignore[union-attr]
+        except BaseException:
+            self._abort(entry, seq, n)
+            raise
+
+    def _abort(self, entry: int, seq: int, n: int) -> None:
+        """A copy of tickets ``seq .. seq + n - 1`` stopped by an exception part way: none of its slots is
+        served until rewritten (a lapped one, which may mix its bytes with a newer row's, by a later ticket)."""
+        keep = min(n, self.capacity)
+        self.writers.settle(seq + n - keep, keep)  # the lapped ones tainted; the others stay unpublished
+        self.writers.leave(entry)
 
     def map_slots(self, lo: int, hi: int) -> None:
         """Map, writable, the chunks of slots ``lo .. hi-1`` this process has not mapped yet (see the module
@@ -293,10 +342,17 @@ class SharedBuffer:
     def _write_at(self, start: int, pairs: list[tuple[Field, torch.Tensor]], n: int) -> int:
         keep = min(n, self.capacity)
         seqs, slots = self._placed(start, n)
+        entry = self.writers.enter(start + n - keep, keep)
         self.slots.begin(slots)
-        for field, value in pairs:
-            self.columns[field.key].index_copy_(0, slots, value[n - keep :])  # not col[slots] = ...: ~1000x slower
-        self.slots.commit(slots, seqs)
+        try:
+            for field, value in pairs:
+                self.columns[field.key].index_copy_(0, slots, value[n - keep :])  # not col[slots] = ...: ~1000x slower
+        except BaseException:
+            self._abort(entry, start, n)
+            raise
+        lapped = self.writers.settle(start + n - keep, keep)
+        self.slots.commit(slots[lapped:], seqs[lapped:])
+        self.writers.leave(entry)
         return start
 
     # ------------------------------------------------------------------ reads
@@ -313,14 +369,20 @@ class SharedBuffer:
         done = _whole(self.slots.generations(slots) == seqs + 1, step)
         slots, seqs = slots.index_select(0, done), seqs.index_select(0, done)
         out = {key: column.index_select(0, slots) for key, column in self.columns.items()}
-        kept = _whole(self.slots.generations(slots) == seqs + 1, step)  # not rewritten while read
+        unsafe = self.writers.unsafe(slots, seqs + 1)  # after the copy, before the generations: see core.inflight
+        held = self.slots.generations(slots) == seqs + 1
+        kept = _whole(held if unsafe is None else held & ~unsafe, step)  # not rewritten (nor mixed) while read
         out = {key: value.index_select(0, kept) for key, value in out.items()}
         out[INDEX_KEY] = slots.index_select(0, kept)
         return make_tensordict(out, torch.Size([kept.numel()]), None)
 
     def sample_batch(self, batch_size: int, *, generations: bool = False) -> TensorDict:
-        """``batch_size`` finished rows drawn uniformly with replacement (rows being written are redrawn);
-        with ``generations``, also ``"generation"``: each drawn row's commit generation (int64, ``seq + 1``).
+        """``batch_size`` finished rows drawn uniformly with replacement; with ``generations``, also
+        ``"generation"``: each drawn row's commit generation (int64, ``seq + 1``).
+
+        A drawn row that cannot be served (being written, a write in flight on its slot, or its slot tainted
+        by a lapped write: see the module docs) is dropped after the copy and its position redrawn, so the
+        batch keeps its size and the draws are uniform (or by priority) over the rows that can be served.
 
         Raises:
             EmptyBufferError: no finished row.
@@ -339,14 +401,18 @@ class SharedBuffer:
                 break
             before = self.slots.generations(slots)
             rows = {key: column.index_select(0, slots) for key, column in self.columns.items()}
+            unsafe = self.writers.unsafe(slots, before)  # after the copy, before the generations (core.inflight)
             ok = (before > 0) & (before == self.slots.generations(slots))
+            if unsafe is not None:
+                ok &= ~unsafe
             if todo.numel() == k and bool(ok.all()):  # the common case: every row was finished
                 rows[INDEX_KEY] = slots
                 if generations:
                     rows[GENERATION_KEY] = before
                 return make_tensordict(rows, torch.Size([k]), None)
             # index_select/index_copy_ only: boolean and advanced indexing are ~1000x slower here
-            self.passed_over(slots.index_select(0, (before == 0).nonzero().squeeze(1)))
+            bad = (before <= 0) | (before <= self.writers.taints.index_select(0, slots))
+            self.passed_over(slots.index_select(0, bad.nonzero().squeeze(1)))
             good = ok.nonzero().squeeze(1)
             done = todo.index_select(0, good)
             for key, value in rows.items():
@@ -367,8 +433,14 @@ class SharedBuffer:
         return torch.randint(0, held, (n,), generator=self.generator) if held else None
 
     def passed_over(self, slots: torch.Tensor) -> None:
-        """Told of drawn ``slots`` found being written (or left so by a writer that died): uniform draws just
-        redraw them."""
+        """Told of drawn ``slots`` found being written, left so by a writer that died, or tainted by a lapped
+        write: uniform draws just redraw them."""
+
+    def servable(self, slots: torch.Tensor) -> torch.Tensor:
+        """Which ``slots`` hold a published row that no lapped write may have mixed (bool; writes in flight
+        not considered)."""
+        gens = self.slots.generations(slots)
+        return (gens > 0) & (gens > self.writers.taints.index_select(0, slots))
 
 
 def _whole(ok: torch.Tensor, step: int) -> torch.Tensor:
@@ -405,6 +477,7 @@ def _forget_mappings() -> None:
     """In a fork child: the parent's page tables of shared mappings are not copied, so nothing is mapped yet."""
     for shared in list(_LIVE):
         shared.mapped_chunks[:] = bytes(len(shared.mapped_chunks))
+        shared.writers.forget()  # the parent's entries in the writers table are the parent's
 
 
 os.register_at_fork(after_in_child=_forget_mappings)

@@ -14,7 +14,9 @@ row (its commit generation is the row's), so a slot never drawable before its fi
 writer never overwrites the priority of a newer row at its slot. A slot drawn while it is being rewritten
 (its generation shows the write) is redrawn, as uniform samples are, and the sampler takes its sampling
 weight off (under the lock, if the slot is still being written: the writer's priority, set after its
-commit, gives it back), so a writer killed mid-write leaves a slot that is not drawn until rewritten.
+commit, gives it back), so a writer killed mid-write leaves a slot that is not drawn until rewritten. So
+does a slot tainted by a lapped write (:mod:`objectrl_buffer.distributed.shared`): a lapped row is never
+published, so it never gets a priority; the slot's next row, committed by a later ticket, gets one.
 
 Stale updates: a sample carries each row's commit generation (``"generation"``, the slot's ``seq + 1``);
 :meth:`SharedPrioritizedBuffer.update_priority` given it compares it with the slot's generation under the
@@ -150,7 +152,8 @@ class SharedPrioritizedBuffer(SharedBuffer):
         finished row keep weight 0."""
         with self.priority_lock:
             self.priority.copy_(priority)
-            self.tree.rebuild(self._weight(priority) * (self.slots.gens > 0))
+            everything = torch.arange(self.capacity)
+            self.tree.rebuild(self._weight(priority) * self.servable(everything))
             self.head[0] = max_priority
 
     def priority_state(self) -> dict[str, torch.Tensor]:
@@ -209,7 +212,7 @@ class SharedPrioritizedBuffer(SharedBuffer):
             return
         slots = slots.unique()
         with self.priority_lock:
-            open_ = (self.slots.generations(slots) == 0).nonzero().squeeze(1)  # checked under the lock
+            open_ = (~self.servable(slots)).nonzero().squeeze(1)  # checked under the lock
             if open_.numel():
                 slots = slots.index_select(0, open_)
                 self.tree.update(slots, torch.zeros(slots.shape, dtype=torch.float64))
