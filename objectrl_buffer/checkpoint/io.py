@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, BinaryIO, Protocol
 
-from objectrl_buffer.errors import CheckpointError
+from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = [
     "fsync_path",
@@ -35,6 +35,8 @@ __all__ = [
     "read_small_file",
     "write_all",
     "readinto_exact",
+    "open_checkpoint_file",
+    "read_verified",
     "Crc32",
     "interactive",
     "progress_bar",
@@ -205,6 +207,52 @@ def readinto_exact(f: Any, target: memoryview, source: str) -> None:
         if not n:
             raise CheckpointError(f"'{source}' is truncated: it ended before the size its manifest records")
         target = target[n:]
+
+
+def open_checkpoint_file(path: str, what: str) -> int:
+    """:func:`open_regular` for reading, its errors in checkpoint terms naming ``what`` ("trajectory file").
+
+    Raises:
+        CheckpointNotFoundError: ``path`` does not exist.
+        CheckpointError: not a regular file, or it cannot be opened (``OSError`` chained).
+    """
+    try:
+        return open_regular(path)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{what} '{path}' is missing") from None
+    except CheckpointError as exc:
+        raise CheckpointError(f"{what} {exc}") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {what} '{path}': {exc.strerror or exc}") from exc
+
+
+def read_verified(path: str, what: str, *, nbytes: int | None = None, crc32: int | None = None) -> bytearray:
+    """The bytes of the regular file ``path`` (see :func:`open_regular`: no symlink, FIFO or device), checked
+    against the ``nbytes`` and ``crc32`` its index records where given. Allocates the file's own size, no more;
+    ``what`` names the file in errors ("trajectory file", "checkpoint file").
+
+    Raises:
+        CheckpointNotFoundError: ``path`` does not exist.
+        CheckpointError: not a regular file, another size than ``nbytes``, truncated while read, unreadable
+            (``OSError`` chained), or a crc32 other than ``crc32``.
+    """
+    fd = open_checkpoint_file(path, what)
+    try:
+        size = os.fstat(fd).st_size
+        if nbytes is not None and size != nbytes:
+            raise CheckpointError(f"{what} '{path}' has {size} bytes, its index says {nbytes}")
+        data = bytearray(size)
+        with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
+            readinto_exact(f, memoryview(data), path)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {what} '{path}': {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    if crc32 is not None and zlib.crc32(data) != crc32:
+        raise CheckpointError(
+            f"{what} '{path}' is damaged: its crc32 is {zlib.crc32(data):08x}, its index says {crc32:08x}"
+        )
+    return data
 
 
 class Crc32:

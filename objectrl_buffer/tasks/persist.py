@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from objectrl_buffer.checkpoint.io import atomic_write, open_regular, read_small_file, readinto_exact
+from objectrl_buffer.checkpoint.io import atomic_write, read_small_file, read_verified
 from objectrl_buffer.core.sync import lock_file
 from objectrl_buffer.core.validate import MAX_SIZE
 from objectrl_buffer.core.vocab import Vocab
@@ -95,32 +95,18 @@ def _write(f: BinaryIO, payload: bytes) -> None:
 def _read(folder: str, kind: str, entry: Any) -> bytes:
     """The bytes of the file the manifest's ``entry`` describes (a regular file inside ``folder``, of the size
     and crc32 it records; read into a buffer of the size the file itself has, never more)."""
-    if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and type(entry.get("bytes")) is int):
+    if not (
+        isinstance(entry, dict)
+        and isinstance(entry.get("name"), str)
+        and type(entry.get("bytes")) is int
+        and type(entry.get("crc32")) is int
+    ):
         raise CheckpointError(f"'{folder}/{MANIFEST}' describes its {kind} file badly: {str(entry)[:200]}")
     name = entry["name"]
     path = os.path.join(folder, name)
     if os.path.basename(name) != name or name in ("", ".", "..") or "\0" in name:
         raise CheckpointError(f"'{folder}/{MANIFEST}' names a file outside the checkpoint: {name!r}")
-    try:
-        fd = open_regular(path)
-    except FileNotFoundError:
-        raise CheckpointNotFoundError(f"checkpoint file '{path}' is missing") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read checkpoint file '{path}': {exc.strerror or exc}") from exc
-    try:
-        size = os.fstat(fd).st_size
-        if size != entry["bytes"]:
-            raise CheckpointError(f"'{path}' holds {size} bytes, its manifest says {entry['bytes']}")
-        payload = bytearray(size)
-        with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
-            readinto_exact(f, memoryview(payload), path)
-    except OSError as exc:
-        raise CheckpointError(f"cannot read checkpoint file '{path}': {exc.strerror or exc}") from exc
-    finally:
-        os.close(fd)
-    if zlib.crc32(payload) != entry.get("crc32"):
-        raise CheckpointError(f"'{path}' does not match its crc32: the file is corrupt")
-    return bytes(payload)
+    return bytes(read_verified(path, "checkpoint file", nbytes=entry["bytes"], crc32=entry["crc32"]))
 
 
 def _count(manifest: dict[str, Any], key: str, where: str, low: int) -> int:

@@ -42,7 +42,13 @@ from typing import Any, BinaryIO
 
 import torch
 
-from objectrl_buffer.checkpoint.io import atomic_write, fsync_path, open_regular, read_small_file, readinto_exact
+from objectrl_buffer.checkpoint.io import (
+    atomic_write,
+    fsync_path,
+    open_checkpoint_file,
+    read_small_file,
+    read_verified,
+)
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
 from objectrl_buffer.trajectory.trajectory import check_weights_id
 
@@ -240,31 +246,9 @@ def find_files(folder: Folder) -> list[str]:
 def _read_file(path: str, entry: Entry | None) -> bytearray:
     """The bytes of the regular file ``path`` (no symlink, FIFO, device), checked against ``entry``'s size
     and checksum where it records them. Allocates the file's own size, no more."""
-    try:
-        fd = open_regular(path)
-    except FileNotFoundError:
-        raise CheckpointNotFoundError(f"trajectory file '{path}' is missing") from None
-    except CheckpointError as exc:
-        raise CheckpointError(f"trajectory file {exc}") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read trajectory file '{path}': {exc.strerror or exc}") from exc
-    try:
-        size = os.fstat(fd).st_size
-        if entry is not None and entry.nbytes is not None and size != entry.nbytes:
-            raise CheckpointError(f"trajectory file '{path}' has {size} bytes, its index entry says {entry.nbytes}")
-        data = bytearray(size)
-        with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
-            readinto_exact(f, memoryview(data), path)
-    except OSError as exc:
-        raise CheckpointError(f"cannot read trajectory file '{path}': {exc.strerror or exc}") from exc
-    finally:
-        os.close(fd)
-    if entry is not None and entry.crc32 is not None and zlib.crc32(data) != entry.crc32:
-        raise CheckpointError(
-            f"trajectory file '{path}' is damaged: its crc32 is {zlib.crc32(data):08x}, its index entry says "
-            f"{entry.crc32:08x}"
-        )
-    return data
+    if entry is None:
+        return read_verified(path, "trajectory file")
+    return read_verified(path, "trajectory file", nbytes=entry.nbytes, crc32=entry.crc32)
 
 
 def _check_archive(path: str, data: bytearray) -> None:
@@ -353,14 +337,7 @@ def copy_file(source: str, target: str, entry: Entry) -> Entry:
         CheckpointNotFoundError: no ``source``. CheckpointError: ``source`` is a symlink or a special file,
             differs from ``entry``, or cannot be read or written.
     """
-    try:
-        fd = open_regular(source)
-    except FileNotFoundError:
-        raise CheckpointNotFoundError(f"trajectory file '{source}' is missing") from None
-    except CheckpointError as exc:
-        raise CheckpointError(f"trajectory file {exc}") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read trajectory file '{source}': {exc.strerror or exc}") from exc
+    fd = open_checkpoint_file(source, "trajectory file")
     crc = size = 0
     try:
         with os.fdopen(fd, "rb", buffering=0) as f, open(target, "xb") as out:
