@@ -9,7 +9,7 @@ records close that gap (one file, ``int64`` words, mapped by every process):
 
 * **the writers table**: ``[0]`` how many entries were ever claimed, ``[1]`` how many taints were ever
   raised (readers skip the taints while it is 0), then ``TABLE`` entries of
-  ``(pid, first ticket + 1, rows, thread id)``, one per writing handle and thread. A writer stores its
+  ``(pid, first ticket + 1, rows, thread id)`` (each padded to a cache line), one per writing handle and thread. A writer stores its
   tickets there (:meth:`Writers.enter`) *before* its first store into the slots, and clears them
   (:meth:`Writers.leave`) only after its last. A reader that copied a row checks, *after* the copy, that no
   entry covers the row's slot (:meth:`Writers.unsafe`): a write whose stores it may have read is still
@@ -54,7 +54,9 @@ from objectrl_buffer.errors import ConcurrentUseError
 __all__ = ["Writers", "TABLE"]
 
 TABLE = 1024  # writing handle-threads at once
-_WIDTH = 4  # pid, first ticket + 1, rows, thread id
+# pid, first ticket + 1, rows, thread id, then padding: an entry fills a 64-byte cache line of its own, so the
+# writers' stores and fences never bounce a line between cores (4 words: 4 writers ran 1.8x slower per add)
+_WIDTH = 8
 _HEAD = 2  # entries ever claimed, taints ever raised
 
 
