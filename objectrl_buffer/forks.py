@@ -10,7 +10,9 @@ the parent's counters (and the parent's later writes would overwrite the child's
   ``fork`` (``os.register_at_fork(before=...)``) the buffers the forking ``Process`` holds are shared: its
   target's ``args``/``kwargs`` (up to three containers deep: ``torch.multiprocessing.start_processes``
   nests them, a ``Pool``'s ``initargs`` too), a bound target's object and its attributes
-  (``target=worker.run``), and the attributes of a ``Process`` subclass. Sharing copies the rows into
+  (``target=worker.run``), and the attributes of a ``Process`` subclass; the library's own wrappers are seen
+  through (see :data:`HOLDS`: :func:`~objectrl_buffer.flow.limited`'s buffer and limiter, as
+  ``multiprocessing``'s pickler reaches them under ``spawn``). Sharing copies the rows into
   ``/dev/shm`` once (O(rows)) and switches the parent to the shared write path
   (:mod:`objectrl_buffer.distributed.process`); a buffer's rate limiter shares its counters with it, and so
   does a bare :class:`~objectrl_buffer.flow.RateLimiter` the ``Process`` holds (as its pickle would).
@@ -42,7 +44,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from objectrl_buffer.replay_buffer import ReplayBuffer
 
-__all__ = ["track_for_fork", "reduce_for_process"]
+__all__ = ["track_for_fork", "reduce_for_process", "HOLDS"]
+
+#: The method a wrapper of this library defines to list what it holds (``() -> Iterable``: e.g.
+#: :class:`~objectrl_buffer.flow.LimitedBuffer` gives its buffer and its limiter). A wrapper found among a
+#: forking ``Process``'s values is seen through (it takes no level of the depth limit): what it lists is looked
+#: at as if handed over itself, so the buffers and limiters inside are shared as the pickler shares them under
+#: ``spawn``. Only a method defined on the value's class counts (an instance's ``__getattr__`` is never asked);
+#: other objects are not walked beyond what the module docs list.
+HOLDS = "__objectrl_holds__"
 
 #: Every live CPU buffer of this process that may own memory-mapped rows (weakly: tracking keeps none alive).
 _LIVE: weakref.WeakSet[ReplayBuffer] = weakref.WeakSet()
@@ -106,6 +116,8 @@ def _handed_over(process: Any, candidates: list[Any]) -> list[Any]:
         budget -= 1
         if id(value) in live:
             found[id(value)] = value
+        elif callable(getattr(type(value), HOLDS, None)):  # a library wrapper: what it holds, at its depth
+            stack.extend((item, depth) for item in getattr(value, HOLDS)())
         elif depth < _DEPTH:
             if isinstance(value, dict):
                 stack.extend((item, depth + 1) for item in value.values())

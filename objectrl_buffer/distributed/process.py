@@ -52,6 +52,7 @@ from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.distributed.shared import SharedBuffer
 from objectrl_buffer.distributed.shared_prioritized import SharedPrioritizedBuffer, open_shared
 from objectrl_buffer.errors import InvalidArgumentError
+from objectrl_buffer.flow.limiter import RateLimiter
 
 __all__ = ["reduce_for_process", "is_shared", "SharedMode"]
 
@@ -63,8 +64,23 @@ else:
     _Base = object
 
 
+#: The method a wrapper of the library lists what it holds with (``objectrl_buffer.forks.HOLDS``; e.g.
+#: ``flow.limited``'s buffer and limiter): sharing a wrapper shares what it holds, as the fork hook does.
+_HOLDS = "__objectrl_holds__"
+
+
+def _held(buffer: Any) -> tuple[Any, ...] | None:
+    """What ``buffer`` holds if it is one of the library's wrappers (``None`` for a buffer itself)."""
+    holds = getattr(type(buffer), _HOLDS, None)
+    return tuple(holds(buffer)) if callable(holds) else None
+
+
 def is_shared(buffer: Any) -> bool:
-    """Whether ``buffer`` writes and reads shared rows (it was handed to a child process)."""
+    """Whether ``buffer`` writes and reads shared rows (it was handed to a child process); for a wrapper
+    (``flow.limited(...)``), whether the buffers it holds do."""
+    held = _held(buffer)
+    if held is not None:
+        return all(is_shared(item) for item in held if not isinstance(item, RateLimiter))
     return isinstance(buffer, SharedMode)
 
 
@@ -260,7 +276,19 @@ def become_shared(buffer: Any) -> None:
 
     Raises:
         InvalidArgumentError: storage off the CPU or no schema yet.
+
+    A wrapper of the library (``flow.limited(buffer, limiter)``) is not switched itself: the buffers it holds
+    become shared and its limiter's counters move to a shared file (buffers first: a buffer that cannot be
+    shared raises before the limiter's counters move).
     """
+    wrapped = _held(buffer)
+    if wrapped is not None:
+        for item in sorted(wrapped, key=lambda item: isinstance(item, RateLimiter)):
+            if isinstance(item, RateLimiter):
+                item.share()
+            else:
+                become_shared(item)
+        return
     if is_shared(buffer):
         return
     _check(buffer)

@@ -57,6 +57,11 @@ class LimitedBuffer:
             raise InvalidArgumentError("buffer already has a rate limiter in its checkpoint_extras")
         extras.append(limiter)
 
+    def __objectrl_holds__(self) -> tuple[Any, ...]:
+        """What a ``fork`` child handed this wrapper must share (:data:`objectrl_buffer.forks.HOLDS`): the
+        buffer's rows and the limiter's counters, as ``multiprocessing``'s pickler shares them under ``spawn``."""
+        return self.buffer, self.limiter
+
     def __getattr__(self, name: str) -> Any:
         try:
             buffer = self.__dict__["buffer"]
@@ -119,6 +124,11 @@ class Gate:
 
     def __init__(self, buffer: Any, limiter: RateLimiter) -> None:
         self.buffer, self.limiter = buffer, limiter
+
+    def __objectrl_holds__(self) -> tuple[Any, ...]:
+        """What a ``fork`` child handed this gate (a buffer's bound ``add``) must share
+        (:data:`objectrl_buffer.forks.HOLDS`): the buffer, whose sharing takes its ``rate_limiter`` along."""
+        return self.buffer, self.limiter
 
     def install(self) -> None:
         buffer, limiter = self.buffer, self.limiter
