@@ -10,9 +10,8 @@ records close that gap (one file, ``int64`` words, mapped by every process):
 * **the writers table**: ``[0]`` how many entries were ever claimed, ``[1]`` how many taints were ever
   raised (readers skip the taints while it is 0), then ``TABLE`` entries of
   ``(pid, first ticket + 1, rows, thread id)`` (each padded to a cache line), one per writing handle and
-  thread. A writer stores its
-  tickets there (:meth:`Writers.enter`) *before* its first store into the slots, and clears them
-  (:meth:`Writers.leave`) only after its last. A reader that copied a row checks, *after* the copy, that no
+  thread. A writer stores its tickets there (:meth:`Writers.enter`) *before* its first store into the
+  slots, and clears them (:meth:`Writers.leave`) only after its last. A reader that copied a row checks, *after* the copy, that no
   entry covers the row's slot (:meth:`Writers.unsafe`): a write whose stores it may have read is still
   listed then, or it has finished and what it stored about the slot (below) is visible. A cleared entry is
   ``0``.
