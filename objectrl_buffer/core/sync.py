@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-__all__ = ["lock_file", "FileLock", "ProcessRLock"]
+__all__ = ["lock_file", "FileLock", "ProcessRLock", "hold_folder", "folder_held"]
 
 
 @contextmanager
@@ -51,6 +51,39 @@ def lock_file(path: str) -> Iterator[None]:
         with suppress(OSError):  # best effort: a lock file left behind is taken over by the next holder
             os.unlink(path)
         os.close(fd)
+
+
+def hold_folder(path: str) -> int:
+    """Open the folder ``path`` and hold a shared ``flock`` on it, which marks it in use (see
+    :func:`folder_held`) until the returned descriptor is closed or its process dies (the kernel releases
+    it, even on SIGKILL). Several holders may share a folder. Nothing is written into the folder.
+
+    Raises:
+        OSError: ``path`` is not a folder (a symlink is not followed) or cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def folder_held(path: str) -> bool:
+    """Whether some live descriptor of :func:`hold_folder` holds the folder ``path`` now (an exclusive
+    ``flock`` tried without waiting, and released at once). ``False`` if ``path`` is no folder."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock taken, if it was
+    return False
 
 
 class FileLock:

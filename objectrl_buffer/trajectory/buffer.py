@@ -414,10 +414,14 @@ class TrajectoryReplayBuffer:
         """Write every stored trajectory to ``save_path`` as an RLinf folder (files first, then index and
         metadata, each atomically; over an existing checkpoint, built beside it and swapped in at once, so a
         kill leaves the old checkpoint or the new one). Into the buffer's own ``storage_dir`` this is a
-        :meth:`flush`.
+        :meth:`flush`. The ``storage_dir`` of another live buffer's writer (``save_trajectories``, in this
+        process or another) is refused: each writer holds a kernel-released lock on its folder while it runs
+        (see :func:`~objectrl_buffer.trajectory.checkpoint.write_folder`), and the save would swap the folder
+        away under it.
 
         Raises:
-            InvalidArgumentError: ``save_path`` is empty or not a folder. CheckpointError: writing failed.
+            InvalidArgumentError: ``save_path`` is empty, not a folder, or another live writer's folder.
+            CheckpointError: writing failed.
         """
         self._check_open()
         path = _folder_path(save_path, "save_path")

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from objectrl_buffer.checkpoint.io import fsync_path
+from objectrl_buffer.core.schema import Key, format_key
+from objectrl_buffer.core.sync import folder_held
 from objectrl_buffer.core.validate import positive_int
 from objectrl_buffer.errors import CheckpointError, InvalidArgumentError, SchemaError
 from objectrl_buffer.trajectory import files
@@ -91,14 +93,25 @@ def write_folder(path: str, table: Table, fmt: str, seed: Any) -> None:
     files and no checkpoint is written in place, files first, then index and metadata; files of the user in a
     folder holding a checkpoint are kept (hard-linked into the new one).
 
+    The storage_dir of a live writer (:class:`~objectrl_buffer.trajectory.writer.TrajectoryWriter`, of this
+    process or another) is refused: the writer holds a kernel-released lock on its folder while it runs
+    (:func:`~objectrl_buffer.core.sync.hold_folder`), checked here before anything is written. A writer
+    that starts on the folder after that check is not seen.
+
     Raises:
-        InvalidArgumentError: ``path`` is not a folder, or holds a checkpoint and something that is not a
-            regular file. CheckpointError: writing failed (names the path); the old checkpoint is then intact.
+        InvalidArgumentError: ``path`` is not a folder, is held by a live writer, or holds a checkpoint and
+            something that is not a regular file.
+        CheckpointError: writing failed (names the path); the old checkpoint is then intact.
     """
     path = os.path.realpath(path)
     if os.path.exists(path) and not os.path.isdir(path):
         raise InvalidArgumentError(f"save_path '{path}' exists and is not a folder")
     existing = os.path.isdir(path)
+    if existing and folder_held(path):
+        raise InvalidArgumentError(
+            f"save_path '{path}' is the storage_dir of a live buffer whose writer keeps it (save_trajectories): "
+            "a save would swap the folder away under it; save elsewhere, or close that buffer first"
+        )
     if existing and not _holds_checkpoint(path) and os.listdir(path):
         _write_into(path, table, fmt, seed, path)  # no index there: no file an index names is overwritten
         return
@@ -180,9 +193,12 @@ def read_table(
     table = Table(capacity, device, keep)
     try:
         schema = None
+        first: tuple[str, dict[Key, tuple[torch.dtype, tuple[int, ...]]]] | None = None
         for entry, file in zip(entries, paths, strict=True):
             try:
                 flat = from_payload(files.load_payload(file, allow_pickle, entry), f"'{file}'")
+                first = first or (file, _fields(flat.rows))
+                _check_same_fields(file, flat.rows, *first)
                 schema, pairs, n = table.rows.prepare(flat.rows, schema)
             except (InvalidArgumentError, SchemaError) as exc:  # the file's content, not the caller's argument
                 raise CheckpointError(f"trajectory file '{file}' holds no valid trajectory: {exc}") from None
@@ -195,3 +211,27 @@ def read_table(
         table.rows.close()
         raise
     return table
+
+
+def _fields(rows: dict[Key, torch.Tensor]) -> dict[Key, tuple[torch.dtype, tuple[int, ...]]]:
+    """Each field's dtype and per-row shape."""
+    return {key: (value.dtype, tuple(value.shape[1:])) for key, value in rows.items()}
+
+
+def _check_same_fields(
+    file: str, rows: dict[Key, torch.Tensor], first_file: str, first: dict[Key, tuple[torch.dtype, tuple[int, ...]]]
+) -> None:
+    """Refuse a trajectory file whose fields differ from the first file's of the load (a missing or extra
+    field, another dtype or per-row shape: no cast, no reshape), naming both files and the field."""
+    if file == first_file:
+        return
+    mine = _fields(rows)
+    for key in [*first, *(k for k in mine if k not in first)]:
+        if mine.get(key) != first.get(key):
+            theirs = first.get(key)
+            got = "no such field" if key not in mine else f"dtype {mine[key][0]}, rows of shape {list(mine[key][1])}"
+            want = "no such field" if theirs is None else f"dtype {theirs[0]}, rows of shape {list(theirs[1])}"
+            raise CheckpointError(
+                f"trajectory file '{file}' does not match the schema of the load's first file '{first_file}': "
+                f"field '{format_key(key)}' has {got} there, {want} in '{first_file}'"
+            )

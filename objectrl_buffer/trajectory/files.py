@@ -24,7 +24,7 @@ Reading is hostile-file safe: a trajectory file must be a regular file inside th
 device: :func:`~objectrl_buffer.checkpoint.io.open_regular`), match its entry's size and checksum when the
 index records them, and, as a ``.pt`` zip, unpack to no more bytes than the file holds (``torch.save`` never
 compresses), checked in the zip's central directory before ``torch.load`` allocates anything. An index
-listing an id twice is refused.
+listing an id twice, or an id that is no JSON integer (``true``, ``1.0``, ``"1"``), is refused.
 """
 
 from __future__ import annotations
@@ -201,10 +201,9 @@ def read_folder(path: str) -> Folder:
     entries = []
     seen: set[int] = set()
     for raw_id in ids:
-        try:
-            key = int(raw_id)
-        except (TypeError, ValueError):
-            raise CheckpointError(f"'{index_path}': trajectory id {raw_id!r} is not an int") from None
+        if isinstance(raw_id, bool) or not isinstance(raw_id, int):  # JSON true is no id 1, 1.0 or "1" no id
+            raise CheckpointError(f"'{index_path}': trajectory id {raw_id!r} is not a JSON integer")
+        key = raw_id
         if key in seen:  # each would load the same file again
             raise CheckpointError(f"'{index_path}': trajectory id {key} is listed more than once")
         seen.add(key)

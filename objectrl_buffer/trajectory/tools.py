@@ -6,6 +6,8 @@ place at the end: a failure leaves the source untouched and no half-made destina
 removes the source's files only after the destination is complete. Source files are read as the loader
 reads them (regular files only, never a symlink out of the folder or a FIFO; checked against their index's
 size and crc32 where it records them), and the destination's index records each copy's size and crc32.
+A ``rank_*`` entry of a merge's source that is not a real folder (a symlink, never followed: ``move`` would
+empty the folder it points to) is refused before anything is copied or moved.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import contextlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from objectrl_buffer.checkpoint.io import fsync_path, progress_bar
-from objectrl_buffer.errors import CheckpointNotFoundError, InvalidArgumentError
+from objectrl_buffer.checkpoint.io import file_kind, fsync_path, progress_bar
+from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
 from objectrl_buffer.trajectory import files
 from objectrl_buffer.trajectory.files import Entry, Folder
 
@@ -75,7 +78,11 @@ def _rank_folders(source: str) -> list[str]:
     ranks = sorted(
         ((int(m.group(1)), name) for name in os.listdir(source) if (m := _RANK.match(name))),
     )
-    found = [os.path.join(source, name) for _, name in ranks if os.path.isdir(os.path.join(source, name))]
+    found = [os.path.join(source, name) for _, name in ranks]
+    for path in found:  # all checked before anything is read, copied or (--move) removed
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISDIR(mode):  # a symlink is never followed: --move would empty the folder it points to
+            raise CheckpointError(f"'{path}' is a {file_kind(mode)}, expected a rank folder inside '{source}'")
     if not found:
         raise CheckpointNotFoundError(f"no rank_* folders found in '{source}'")
     return found
@@ -95,6 +102,8 @@ def merge_rank_folders(
 
     Raises:
         CheckpointNotFoundError (FileNotFoundError): no ``rank_*`` folder, or a file an index names is missing.
+        CheckpointError: a ``rank_*`` entry that is not a real folder (a symlink, never followed, or a file
+            of any kind), named, before anything is copied or moved; a damaged index or file.
         InvalidArgumentError (ValueError): ranks with different formats, or ``save_path`` not empty.
     """
     source, destination = os.fspath(source_path), os.fspath(save_path)

@@ -107,8 +107,11 @@ def _align(name: str, tensor: torch.Tensor, T: int) -> torch.Tensor:
 def flatten(item: Trajectory | TensorDictBase | Mapping[str, Any], where: str, *, strict: bool = True) -> Flat:
     """Rows ``[T*B, ...]`` of a :class:`Trajectory`, a TensorDict of batch size ``[T, B]``, or a file payload.
 
-    ``strict=False`` (files RLinf wrote) skips values that are not ``[T, B, ...]`` tensors, as RLinf's
-    sampler does; otherwise they are an :class:`InvalidArgumentError` naming ``where`` and the field.
+    ``strict=False`` (files RLinf wrote) skips values that are not tensors under a name RLinf's
+    :class:`Trajectory` has no field for (as RLinf's sampler does); every other value that is not a
+    ``[T, B, ...]`` tensor (with ``strict``: any; without: a tensor of another shape, or a field of
+    :class:`Trajectory` or of its dicts holding something else than a tensor or ``None``) is an
+    :class:`InvalidArgumentError` naming ``where`` and the field.
     The returned tensors may be views of the input: callers copy them into storage.
     """
     if isinstance(item, TensorDictBase):
@@ -155,7 +158,9 @@ def flatten(item: Trajectory | TensorDictBase | Mapping[str, Any], where: str, *
         if ok and value.shape[0] != T:
             ok = name in DONE_FIELDS and value.shape[0] > T
         if not ok:
-            if strict:
+            # lenient (a file): only a value RLinf's Trajectory has no field for, and that is not a tensor, is
+            # skipped; a damaged field (a tensor of the wrong shape, anything but a tensor in a field) is refused
+            if strict or isinstance(value, torch.Tensor) or name.split(".")[0] in _FIELD_NAMES:
                 got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
                 raise InvalidArgumentError(f"{where}: field '{name}' must be a tensor [T={T}, B={B}, ...], got {got}")
             return
@@ -178,6 +183,10 @@ def flatten(item: Trajectory | TensorDictBase | Mapping[str, Any], where: str, *
         else:
             take(name, name, value)
     return Flat(out, shape, mel, weights_id)
+
+
+#: The fields of :class:`Trajectory`: in a file, each holds a ``[T, B, ...]`` tensor (or a dict of them) or ``None``.
+_FIELD_NAMES = frozenset(f.name for f in fields(Trajectory))
 
 
 def to_payload(

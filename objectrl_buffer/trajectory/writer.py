@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from objectrl_buffer.core.sync import hold_folder
 from objectrl_buffer.errors import CheckpointError
 from objectrl_buffer.trajectory import files
 from objectrl_buffer.trajectory.files import Entry
@@ -61,6 +62,9 @@ class TrajectoryWriter:
         self.error: BaseException | None = None
         self.closed = False
         os.makedirs(folder, exist_ok=True)
+        # marks the folder in use while the thread runs (the kernel drops it if the process dies): a
+        # save_checkpoint of another buffer into it refuses, instead of swapping the folder away under us
+        self._hold = hold_folder(folder)
         if publish:
             self._publish()  # before any trajectory lands, the folder already loads
         self._thread = threading.Thread(target=self._run, name="objectrl_buffer-trajectory-writer", daemon=True)
@@ -159,6 +163,7 @@ class TrajectoryWriter:
             item = q.get()
             if item is None:
                 self._publish_safely()
+                os.close(self._hold)
                 return
             op, arg = item
             if op == "flush":
