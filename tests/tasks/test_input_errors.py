@@ -201,3 +201,24 @@ def test_a_folder_path_with_a_trailing_separator_saves_and_loads(buffer: TaskRep
     other = TaskReplayBuffer(InMemoryStorage(max_capacity=50))
     other.load(f"{tmp_path / 'ckpt'}{os.sep}")
     assert [r.to_dict() for r in other.storage.get_all()] == snapshot(buffer)[0]
+
+
+# ---------------------------------------------------------------- the other arguments of the room
+
+
+@pytest.mark.parametrize("seed", ["x", True, 1.5, 2**64], ids=repr)
+def test_a_seed_that_is_not_an_int_is_refused(seed: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"^seed "):  # raw ValueError, or taken as int(seed), before
+        TaskReplayBuffer(InMemoryStorage(), seed=seed)
+
+
+@pytest.mark.parametrize(
+    ("page", "page_size", "named"),
+    [(0, 1, "page=0"), (True, 1, "page=True"), (1, "2", "page_size='2'"), (1, -1, "page_size=-1")],
+    ids=repr,
+)
+def test_a_page_that_is_not_a_positive_int_is_refused(
+    buffer: TaskReplayBuffer, page: Any, page_size: Any, named: str
+) -> None:
+    with pytest.raises(InvalidArgumentError, match=named):  # a plain ValueError (AWorld's message) before
+        buffer.storage.get_paginated(page, page_size)

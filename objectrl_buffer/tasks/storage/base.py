@@ -59,10 +59,12 @@ class Storage(ABC):
 
 
 def _page_args(page: int, page_size: int) -> tuple[int, int]:
+    """``page`` and ``page_size`` as positive ints; InvalidArgumentError (a ValueError, with AWorld's message)
+    naming the argument otherwise."""
     if not isinstance(page, int) or isinstance(page, bool) or page < 1:
-        raise ValueError(f"Page must be greater than 0, got page={page!r}")
+        raise InvalidArgumentError(f"Page must be greater than 0, got page={_brief(page)}")
     if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
-        raise ValueError(f"Page size must be greater than 0, got page_size={page_size!r}")
+        raise InvalidArgumentError(f"Page size must be greater than 0, got page_size={_brief(page_size)}")
     return page, page_size
 
 
