@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "ReplayBufferError",
     "InvalidArgumentError",
+    "InvalidTypeError",
     "SchemaError",
     "EmptyBufferError",
     "SlotIndexError",
@@ -35,6 +36,13 @@ class ReplayBufferError(Exception):
 
 class InvalidArgumentError(ReplayBufferError, ValueError):
     """An argument is out of its documented range (a size <= 0, a batch of the wrong rank, ...)."""
+
+
+class InvalidTypeError(InvalidArgumentError, TypeError):
+    """An argument or field of the wrong type where earlier releases raised a plain ``TypeError``: a task row's
+    ``exp_meta.task_id`` that is not a str, a ``step`` that is not a real number, a payload value no JSON form
+    holds. An :class:`InvalidArgumentError` (so a ``ValueError``) that ``except TypeError`` still catches;
+    the message names the field."""
 
 
 class SchemaError(ReplayBufferError, ValueError):

@@ -7,11 +7,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from objectrl_buffer.core import validate
 from objectrl_buffer.errors import InvalidArgumentError
 
 from .persist import load_table, save_table
 from .query_filter import QueryCondition
-from .rows import DataRow
+from .rows import DataRow, row_list
 from .samplers import Converter, DefaultConverter, RandomTaskSample, Sampler, TaskSampler
 from .storage.base import InMemoryStorage, Storage, TableStorage
 
@@ -37,16 +38,19 @@ class TaskReplayBuffer:
         return self._storage
 
     def store(self, data: DataRow) -> None:
-        """Store one row (ValueError when missing; see the storage for the rest)."""
-        if not data:
-            raise ValueError("Data is required")
+        """Store one row (:class:`~objectrl_buffer.errors.InvalidArgumentError` when None; see the storage for
+        the rest)."""
+        if data is None:
+            raise InvalidArgumentError("Data is required: data is None, not a DataRow")
         self._storage.add(data)
 
     def store_batch(self, data_batch: Sequence[DataRow]) -> None:
-        """Store rows in order, all or nothing on bad input (ValueError when empty)."""
-        if not data_batch:
-            raise ValueError("Data batch is required")
-        self._storage.add_batch(list(data_batch))
+        """Store rows in order, all or nothing on bad input (:class:`~objectrl_buffer.errors.InvalidArgumentError`
+        naming ``data_batch`` when empty, :class:`~objectrl_buffer.errors.InvalidTypeError` when not a list)."""
+        rows = row_list(data_batch, "data_batch")
+        if not rows:
+            raise InvalidArgumentError("Data batch is required: data_batch is empty")
+        self._storage.add_batch(rows)
 
     def __len__(self) -> int:
         return self._storage.size()
@@ -88,20 +92,28 @@ class TaskReplayBuffer:
         return self._storage
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write every row (payloads, vocabularies, FIFO order) to the folder ``path``: atomic, crc32-checked."""
+        """Write every row (payloads, vocabularies, FIFO order) to the folder ``path``: atomic, crc32-checked.
+
+        Raises :class:`~objectrl_buffer.errors.InvalidArgumentError` naming ``path`` when it is not a non-empty
+        ``str`` or ``os.PathLike`` of one, or a file is in the way of the folder (nothing written), and
+        :class:`~objectrl_buffer.errors.CheckpointError` when writing fails.
+        """
+        folder = validate.folder(path, "path")
         storage = self._table_storage("save")
-        save_table(storage.get_table(), path, storage.max_capacity)
+        save_table(storage.get_table(), folder, storage.max_capacity)
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Replace this buffer's rows with those saved at ``path`` (verified before anything changes).
 
         Raises :class:`~objectrl_buffer.errors.CheckpointError` for a missing or corrupt checkpoint and
-        :class:`~objectrl_buffer.errors.InvalidArgumentError` when its rows do not fit this storage's capacity.
+        :class:`~objectrl_buffer.errors.InvalidArgumentError` when its rows do not fit this storage's capacity,
+        or naming ``path`` when it is not a non-empty ``str`` or ``os.PathLike`` of one, or is a file.
         """
+        folder = validate.folder(path, "path")
         storage = self._table_storage("load")
-        table, _ = load_table(path)
+        table, _ = load_table(folder)
         if table.n > storage.max_capacity:
-            where, cap = os.fspath(path), storage.max_capacity
+            where, cap = folder, storage.max_capacity
             raise InvalidArgumentError(
                 f"the checkpoint at '{where}' holds {table.n} rows, more than max_capacity={cap}"
             )

@@ -20,6 +20,7 @@ import math
 import numbers
 import operator
 import uuid
+from collections.abc import Iterable
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from objectrl_buffer.core.validate import _brief
-from objectrl_buffer.errors import InvalidArgumentError
+from objectrl_buffer.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = [
     "ExpMeta",
@@ -36,6 +37,7 @@ __all__ = [
     "META_STRINGS",
     "NUMERIC",
     "normalize_row",
+    "row_list",
     "encode_record",
     "decode_record",
 ]
@@ -86,7 +88,7 @@ class Experience:
     def __post_init__(self, action: Any) -> None:
         if action is not None:
             if self.actions is not None:
-                raise TypeError("Experience takes actions= or action=, not both")
+                raise InvalidTypeError("Experience takes actions= or action=, not both")
             self.actions = [action]
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,7 +111,8 @@ def json_form(value: Any, where: str, depth: int = 0) -> Any:
     """``value`` as JSON values (dict/list/str/number/bool/None), tensors and arrays kept as CPU tensors.
 
     Dataclasses become dicts of their fields, objects with ``model_dump()`` (pydantic) or ``to_dict()`` the
-    JSON form of what those return; tuples become lists. Raises ``TypeError`` naming ``where`` otherwise.
+    JSON form of what those return; tuples become lists. Raises :class:`~objectrl_buffer.errors.InvalidTypeError`
+    (a ``TypeError`` too) naming ``where`` otherwise, and for nesting deeper than ``_MAX_DEPTH``.
     """
     kind = type(value)
     if kind in _PLAIN:  # the common case first: exact types, no ABC checks (stores are per row)
@@ -121,7 +124,7 @@ def json_form(value: Any, where: str, depth: int = 0) -> Any:
     if value is None or isinstance(value, (str, bool, int, float)):
         return _plain_scalar(value)
     if depth > _MAX_DEPTH:
-        raise TypeError(f"{where}: nested more than {_MAX_DEPTH} levels deep (a cycle?)")
+        raise InvalidTypeError(f"{where}: nested more than {_MAX_DEPTH} levels deep (a cycle?)")
     if isinstance(value, torch.Tensor):
         return _tensor_copy(value, where)
     if isinstance(value, np.ndarray):
@@ -140,7 +143,7 @@ def json_form(value: Any, where: str, depth: int = 0) -> Any:
     for method in ("model_dump", "to_dict"):
         if callable(getattr(value, method, None)):
             return json_form(getattr(value, method)(), where, depth + 1)
-    raise TypeError(
+    raise InvalidTypeError(
         f"{where}: cannot store a {type(value).__name__} (payloads are JSON values, tensors, arrays, dataclasses, "
         "or objects with model_dump()/to_dict())"
     )
@@ -174,8 +177,8 @@ def _json_key(key: Any, where: str) -> str:
         return str.__str__(key)
     if isinstance(key, (bool, int, float)) or key is None:
         return json.dumps(key)
-    raise TypeError(
-        f"{where}: dict key {key!r} is a {type(key).__name__}; payload keys must be str, int, float, bool or None"
+    raise InvalidTypeError(
+        f"{where}: dict key {_brief(key)} is a {type(key).__name__}; payload keys must be str, int, float, bool or None"
     )
 
 
@@ -197,15 +200,43 @@ def _scalar(value: Any) -> float | None:
 def _meta_string(value: Any, name: str, required: bool) -> str | None:
     if isinstance(value, str) or (value is None and not required):
         return value
-    raise TypeError(f"exp_meta.{name} must be a str{'' if required else ' or None'}, got {type(value).__name__}")
+    raise InvalidTypeError(
+        f"exp_meta.{name} must be a str{'' if required else ' or None'}, got {type(value).__name__} {_brief(value)}"
+    )
 
 
 def _meta_number(value: Any, name: str) -> Any:
-    if type(value) in (int, float):
+    """``value`` as a plain ``int``/``float`` or None: a NumPy scalar or a 0-d real tensor (on any device) becomes
+    its ``item()``, another real number (an ``IntEnum``, a ``Fraction``) its ``int`` or ``float`` (what the JSON
+    form of a stored row holds); a bool, a complex number, a string, a tensor of another shape or kind are
+    refused (InvalidTypeError naming the field), as is a number no float64 holds (InvalidArgumentError)."""
+    if type(value) in (int, float) or value is None:
         return value
-    if value is None or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
-        return value.item() if isinstance(value, np.generic) else value
-    raise TypeError(f"exp_meta.{name} must be a real number or None, got {type(value).__name__}")
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, numbers.Integral):
+            return operator.index(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise InvalidArgumentError(f"exp_meta.{name} must fit a float64, got {_brief(value)}") from None
+    if isinstance(value, torch.Tensor):
+        if (
+            value.dim() == 0
+            and value.layout == torch.strided
+            and value.device.type != "meta"
+            and not value.is_quantized
+            and not value.is_complex()
+            and value.dtype != torch.bool
+        ):
+            return value.item()
+        got = f"a {value.dtype} tensor of shape {list(value.shape)} on {value.device.type}"
+    else:
+        got = f"{type(value).__name__} {_brief(value)}"
+    raise InvalidTypeError(
+        f"exp_meta.{name} must be a real number (int, float, NumPy scalar or 0-d real tensor) or None, got {got}"
+    )
 
 
 class NotPlain(Exception):
@@ -250,17 +281,24 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
     """Check ``row`` and return (the row as stored, its column values ``META_STRINGS + NUMERIC`` as
     ``(str|None)*4 + (float)*5``, NaN for a missing number). Never changes ``row``.
 
+    ``step`` and ``execute_time`` may be NumPy scalars or 0-d real tensors: the stored row holds their
+    Python number (``item()``).
+
     Raises:
-        ValueError: ``row`` is falsy or has no ``exp_meta`` (AWorld's messages).
-        TypeError: a meta field of the wrong type, or a payload value that cannot be stored (named).
+        InvalidArgumentError: ``row`` is None or has no ``exp_meta`` (AWorld's messages, and ValueErrors as
+            AWorld's are).
+        InvalidTypeError: a meta field of the wrong type (a bool ``step``, a str ``execute_time``, a 1-element
+            tensor), a payload value that cannot be stored (``object()``, a complex number, nesting deeper
+            than 65 levels), a ``DataRow.id`` that is not a str; each named. An ``InvalidArgumentError`` that
+            is also the ``TypeError`` earlier releases raised.
         InvalidArgumentError: a ``step`` no int64 holds (NaN, inf, ``1e300``, ``2**70``), a number no float64
             holds (``10**400``), a tensor on the meta device, sparse or quantized (named).
     """
-    if not row:
-        raise ValueError("Data is required")
+    if row is None:
+        raise InvalidArgumentError("Data is required: data is None, not a DataRow")
     meta = getattr(row, "exp_meta", None)
-    if not meta:
-        raise ValueError("exp_meta is required")
+    if meta is None:
+        raise InvalidArgumentError(f"exp_meta is required: data must be a DataRow with an exp_meta, got {_brief(row)}")
     try:  # one C call for all six fields; a missing one reads as None, as getattr(meta, name, None) would
         task_id, name, agent, pre, step, when = _META_FIELDS(meta)
     except AttributeError:
@@ -290,13 +328,24 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
     row_id = getattr(row, "id", None)
     row_id = str(uuid.uuid4()) if row_id is None else row_id
     if type(row_id) is not str and not isinstance(row_id, str):
-        raise TypeError(f"DataRow.id must be a str, got {type(row_id).__name__}")
+        raise InvalidTypeError(f"DataRow.id must be a str, got {type(row_id).__name__} {_brief(row_id)}")
     stored = DataRow(
         ExpMeta(task_id, name, agent, step, when, pre),
         Experience(state, actions, reward, adv, v, messages),
         row_id,
     )
     return stored, _column_values(task_id, name, agent, pre, step, when, reward, adv, v)
+
+
+def row_list(rows: Any, name: str = "data_batch") -> list[Any]:
+    """``rows`` (any iterable of rows, not a str or bytes) as a list, unchecked.
+
+    Raises:
+        InvalidTypeError: naming ``name``, for a single row or any other non-iterable.
+    """
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
+        raise InvalidTypeError(f"{name} must be a list of DataRow, got {type(rows).__name__} {_brief(rows)}")
+    return list(rows)
 
 
 def _column_values(

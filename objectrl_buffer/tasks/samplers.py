@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
+from objectrl_buffer.core import validate
 from objectrl_buffer.core.seeding import derived_seed
 from objectrl_buffer.core.validate import positive_int
 
@@ -64,7 +65,7 @@ class RandomTaskSample(TaskSampler):
     fewer than ``batch_size``). ``seed``: the seed of its generator (``None``: derived, see core/seeding.py)."""
 
     def __init__(self, seed: int | None = None) -> None:
-        self.generator = torch.Generator().manual_seed(derived_seed() if seed is None else int(seed))
+        self.generator = torch.Generator().manual_seed(derived_seed() if seed is None else validate.seed(seed))
 
     def __getstate__(self) -> dict[str, Any]:
         # the generator's state as plain bytes: a tensor would travel to a spawned child through shared memory

@@ -10,7 +10,7 @@ from objectrl_buffer.core.validate import _brief, positive_int
 from objectrl_buffer.errors import InvalidArgumentError
 
 from ..query_filter import QueryCondition
-from ..rows import DataRow
+from ..rows import DataRow, row_list
 from ..table import TaskTable
 
 __all__ = ["Storage", "TableStorage", "InMemoryStorage"]
@@ -59,10 +59,12 @@ class Storage(ABC):
 
 
 def _page_args(page: int, page_size: int) -> tuple[int, int]:
+    """``page`` and ``page_size`` as positive ints; InvalidArgumentError (a ValueError, with AWorld's message)
+    naming the argument otherwise."""
     if not isinstance(page, int) or isinstance(page, bool) or page < 1:
-        raise ValueError(f"Page must be greater than 0, got page={page!r}")
+        raise InvalidArgumentError(f"Page must be greater than 0, got page={_brief(page)}")
     if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
-        raise ValueError(f"Page size must be greater than 0, got page_size={page_size!r}")
+        raise InvalidArgumentError(f"Page size must be greater than 0, got page_size={_brief(page_size)}")
     return page, page_size
 
 
@@ -133,10 +135,14 @@ class InMemoryStorage(TableStorage):
     payload is held as JSON text and built into a :class:`DataRow` on its first read; later reads return that
     same object (a store creates no Python objects per row, so it stays cheap for the garbage collector).
 
-    Raises (storing nothing): ``ValueError`` for a missing row or ``exp_meta``, ``TypeError`` for a field or
-    payload of the wrong type, :class:`~objectrl_buffer.errors.InvalidArgumentError` when one task alone would
-    hold more than ``max_capacity`` rows, for a ``step`` outside int64 (NaN, inf, ``2**70``), a number beyond
-    float64 (``10**400``) or a tensor without plain data (meta device, sparse, quantized), each named.
+    Raises (storing nothing), each naming the field or argument: :class:`~objectrl_buffer.errors.InvalidTypeError`
+    (an ``InvalidArgumentError`` that is also a ``TypeError``) for a field or payload of the wrong type (a bool
+    or str ``step``, an int ``task_id``, a complex reward, ``object()``, nesting deeper than 65 levels) or a
+    ``data_batch`` that is not a list; :class:`~objectrl_buffer.errors.InvalidArgumentError` for a missing row
+    or ``exp_meta``, when one task alone would hold more than ``max_capacity`` rows, for a ``step`` outside
+    int64 (NaN, inf, ``2**70``), a number beyond float64 (``10**400``) or a tensor without plain data (meta
+    device, sparse, quantized). ``step``/``execute_time`` may be NumPy scalars or 0-d real tensors (stored as
+    their Python number).
     """
 
     def __init__(self, max_capacity: int = 10000) -> None:
@@ -150,7 +156,7 @@ class InMemoryStorage(TableStorage):
         self.table.store([data], self.max_capacity)
 
     def add_batch(self, data_batch: Sequence[DataRow]) -> None:
-        self.table.store(list(data_batch), self.max_capacity)
+        self.table.store(row_list(data_batch), self.max_capacity)
 
     def clear(self) -> None:
         self.table.clear()

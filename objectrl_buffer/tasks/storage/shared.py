@@ -43,7 +43,7 @@ from objectrl_buffer.core.validate import folder, positive_int
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
 
 from ..codec import decode_row, encode_row
-from ..rows import DataRow, normalize_row
+from ..rows import DataRow, normalize_row, row_list
 from ..table import TaskTable
 from .base import TableStorage
 
@@ -297,7 +297,7 @@ class SharedTaskStorage(TableStorage):
     def add_batch(self, data_batch: Sequence[DataRow]) -> None:
         """Store rows in order (all or nothing on bad input; see :class:`InMemoryStorage` for the errors)."""
         self._check_pid()
-        stored, _ = TaskTable.prepare(list(data_batch))
+        stored, _ = TaskTable.prepare(row_list(data_batch))
         if not stored:
             return
         keys = [task_hash(r.exp_meta.task_id) for r in stored]
