@@ -7,14 +7,13 @@ fetch-add); ticket ``t`` writes slot ``t % capacity``. A writer preempted inside
 no per-slot stamp can tell, since the newer writer overwrote whatever the older one had stamped. Two shared
 records close that gap (one file, ``int64`` words, mapped by every process):
 
-* **the writers table**: ``[0]`` how many entries were ever claimed, ``[1]`` how many taints were ever
-  raised (readers skip the taints while it is 0), then ``TABLE`` entries of
-  ``(pid, first ticket + 1, rows, thread id)`` (each padded to a cache line), one per writing handle and
-  thread. A writer stores its tickets there (:meth:`Writers.enter`) *before* its first store into the
-  slots, and clears them (:meth:`Writers.leave`) only after its last. A reader that copied a row checks, *after* the copy, that no
-  entry covers the row's slot (:meth:`Writers.unsafe`): a write whose stores it may have read is still
-  listed then, or it has finished and what it stored about the slot (below) is visible. A cleared entry is
-  ``0``.
+* **the writers table**: ``[0]`` how many entries were ever claimed, ``[1]`` how many taints were ever raised
+  (readers skip the taints while it is 0), then ``TABLE`` entries of ``(pid, first ticket + 1, rows, thread
+  id)`` (each padded to a cache line), one per writing handle and thread. A writer stores its tickets there
+  (:meth:`Writers.enter`) *before* its first store into the slots, and clears them (:meth:`Writers.leave`)
+  only after its last. A reader that copied a row checks, *after* the copy, that no entry covers the row's
+  slot (:meth:`Writers.unsafe`): a write whose stores it may have read is still listed then, or it has
+  finished and what it stored about the slot (below) is visible. A cleared entry is ``0``.
 * **taints**, one word per slot: after its copy a writer issues a full fence (an atomic read-modify-write
   on its own entry) and reads the reserve counter ``R``. Rows whose slot was handed out again meanwhile
   (``t + capacity < R``) are *lapped*: the writer does not publish them and raises the slot's taint to
