@@ -89,10 +89,14 @@ class RateLimiter:
 
     Thread-safe. The counters are this buffer's extra state ``"rate_limiter"`` when the limiter is in a
     buffer's ``checkpoint_extras`` (:func:`objectrl_buffer.flow.limited` puts it there), so a full
-    checkpoint and its load keep the ratio.
+    checkpoint and its load keep the ratio; a metadata-only one (ObjectRL's ``save(path)``) carries the
+    counters too (``metadata_keys``; one saved before that restores as :meth:`restore` says).
     """
 
     name = NAME
+    #: The counters a metadata-only checkpoint (ObjectRL's ``save(path)``) carries too (see
+    #: :mod:`objectrl_buffer.checkpoint.extras`).
+    metadata_keys = _COUNTERS
 
     def __init__(
         self,
