@@ -32,7 +32,6 @@ import contextlib
 import math
 import os
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -49,6 +48,7 @@ from objectrl_buffer.checkpoint.manifest import ExtraValue
 from objectrl_buffer.core.sync import ProcessRLock
 from objectrl_buffer.core.validate import MAX_SIZE, positive_int, real_in
 from objectrl_buffer.errors import CheckpointError, InvalidArgumentError, RateLimitDeadlock, RateLimitTimeout
+from objectrl_buffer.storage import shm_files
 
 __all__ = ["RateLimiter", "NAME", "BIG", "MAX_COUNT", "unshared"]
 
@@ -474,8 +474,7 @@ class RateLimiter:
         not seen: give blocking calls a ``timeout``)."""
         with self._cond:
             if self._shared is None:
-                folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-                fd, path = tempfile.mkstemp(prefix="objectrl-limiter-", dir=folder)
+                fd, path = shm_files.new_file()  # named after this process: see objectrl-buffer clean
                 try:
                     os.write(fd, self._counts.tobytes())
                 finally:
