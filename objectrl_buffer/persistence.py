@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from objectrl_buffer.checkpoint.data import BufferState
-from objectrl_buffer.checkpoint.extras import collect, own, saved_kwargs
+from objectrl_buffer.checkpoint.extras import collect, in_metadata, own, saved_kwargs
 from objectrl_buffer.checkpoint.generations import Restored, load_checkpoint, restore_devices, save_checkpoint
 from objectrl_buffer.checkpoint.state_dict import make_state_dict, restore_state_dict
 from objectrl_buffer.core.ring import Ring
@@ -58,6 +58,7 @@ def buffer_state(rb: ReplayBuffer) -> BufferState:
         extra_values=values,
         phantom=ring.phantom,
         num_envs=engine.num_envs,
+        metadata_values=in_metadata(rb.checkpoint_extras, values),
     )
 
 

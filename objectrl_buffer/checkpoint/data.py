@@ -95,6 +95,8 @@ class BufferState:
     extra_values: Mapping[str, ExtraValue] = field(default_factory=dict)
     phantom: int = 0  # the oldest rows counted in data_size that hold no data (after a metadata-only load)
     num_envs: int = 1
+    #: The extra-state ints a metadata-only save carries too (``"<name>.<key>"``, see ``extras.in_metadata``).
+    metadata_values: Mapping[str, int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -6,7 +6,12 @@ and small JSON values, stored under ``"<name>.<key>"`` in the data folder's mani
 :mod:`~objectrl_buffer.checkpoint.manifest`). A load reads and verifies everything first, then asks each
 extra to :meth:`~ExtraState.check` what was saved under its name (refusing changes nothing), and only
 after the buffer has adopted the rows calls :meth:`~ExtraState.restore`. A checkpoint without an
-extra's entries (metadata only, or saved by a plain buffer) hands it empty mappings.
+extra's entries (saved by a plain buffer, or an old metadata-only save) hands it empty mappings.
+
+Metadata-only saves (ObjectRL's ``save(path)``) carry no arrays and no values, except the int values an
+extra names in an optional class attribute ``metadata_keys`` (a tuple of keys of its :meth:`~ExtraState.state`
+values: a rate limiter's counters), which go into the metadata file (see :func:`in_metadata` and
+:mod:`~objectrl_buffer.checkpoint.metadata`); a metadata-only load hands those back as its values.
 
 Prioritized replay's priorities are the first user (``prioritized/checkpoint.py``); nothing here knows
 about them. The on-disk names are the same as before this contract existed (``prioritized.priority``).
@@ -23,7 +28,7 @@ from objectrl_buffer.checkpoint.generations import Checkpoint
 from objectrl_buffer.checkpoint.manifest import ExtraValue
 from objectrl_buffer.errors import CheckpointError
 
-__all__ = ["ExtraState", "Arrays", "Values", "collect", "own", "saved_kwargs"]
+__all__ = ["ExtraState", "Arrays", "Values", "collect", "in_metadata", "own", "saved_kwargs"]
 
 #: An extra state's arrays and JSON values, keyed without its name prefix.
 Arrays: TypeAlias = Mapping[str, torch.Tensor]
@@ -64,6 +69,17 @@ def collect(extras: Iterable[ExtraState]) -> tuple[dict[str, torch.Tensor], dict
         arrays.update({f"{extra.name}.{key}": array for key, array in own_arrays.items()})
         values.update({f"{extra.name}.{key}": value for key, value in own_values.items()})
     return arrays, values
+
+
+def in_metadata(extras: Iterable[ExtraState], values: Mapping[str, ExtraValue]) -> dict[str, int]:
+    """Of the :func:`collect`-ed ``values``, the ints each extra names in its ``metadata_keys`` (if any)."""
+    chosen: dict[str, int] = {}
+    for extra in extras:
+        for key in getattr(extra, "metadata_keys", ()):
+            value = values.get(f"{extra.name}.{key}")
+            if type(value) is int:
+                chosen[f"{extra.name}.{key}"] = value
+    return chosen
 
 
 def own(name: str, entries: Mapping[str, Any]) -> dict[str, Any]:

@@ -43,9 +43,11 @@ from objectrl_buffer.checkpoint.data import BufferState, read_data, read_manifes
 from objectrl_buffer.checkpoint.io import fsync_path, remove_in_background, wait_for_cleanup
 from objectrl_buffer.checkpoint.manifest import ExtraValue, Manifest
 from objectrl_buffer.checkpoint.metadata import (
+    EXTRA_PREFIX,
     METADATA_SUFFIX,
     check_ring,
     checkpoint_base,
+    extra_values,
     load_metadata,
     metadata_path,
     read_metadata_file,
@@ -228,6 +230,8 @@ def save_checkpoint(
             meta["data_dir"] = name
             if state.phantom:
                 meta["phantom"] = state.phantom
+        else:  # ObjectRL's save: the counters an extra state asks for too (a rate limiter's)
+            meta.update({f"{EXTRA_PREFIX}{key}": value for key, value in state.metadata_values.items()})
         try:
             write_metadata_file(target, meta)
         except BaseException:
@@ -278,7 +282,14 @@ def load_checkpoint(
                 f"'{ckpt.metadata_file}' has buffer_size={capacity}, data_size={size}, pointer={pointer}: not "
                 f"whole env steps of this buffer's num_envs={state.num_envs}"
             )
-        restored = Restored(capacity, size, pointer, source=ckpt.metadata_file, num_envs=state.num_envs)
+        restored = Restored(
+            capacity,
+            size,
+            pointer,
+            extra_values=extra_values(ckpt.meta),
+            source=ckpt.metadata_file,
+            num_envs=state.num_envs,
+        )
         check(restored)
         return restored
     if holds_rows and manifest.schema is not None and _layout(manifest.schema) != _layout(state.schema):

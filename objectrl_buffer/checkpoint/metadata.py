@@ -10,6 +10,10 @@
   load, not yet overwritten) also records ``phantom``: how many of the oldest counted rows those are, so
   that a load never samples them. An optional key of format version 1: a file without it has none (all
   older checkpoints), and a reader older than this key loads the rows but would sample those too.
+* a metadata-only save also records the ints an extra state asks for (its ``metadata_keys``, see
+  :mod:`~objectrl_buffer.checkpoint.extras`: a rate limiter's counters) as ``extra.<name>.<key>``, so a
+  metadata-only load restores them. Optional keys of format version 1, plain ints that ObjectRL (and an
+  older objectrl_buffer) ignore; a file without them hands each extra empty values, as before.
 
 Reading never blocks (a FIFO in its place is refused) and never unpickles objects.
 """
@@ -43,6 +47,8 @@ __all__ = [
     "read_metadata_file",
     "check_ring",
     "brief",
+    "EXTRA_PREFIX",
+    "extra_values",
 ]
 
 METADATA_SUFFIX = ".metadata"
@@ -51,6 +57,8 @@ FORMAT = "objectrl_buffer"
 FORMAT_VERSION = 1  # of the metadata dict; the data folder carries its own (checkpoint_data.DATA_FORMAT_VERSION)
 _GENERATION = r"\.data-[0-9a-f]{16}"
 METADATA_CRC32 = "metadata_crc32"
+#: The prefix of the extra-state ints a metadata-only save carries (``extra.rate_limiter.inserts``).
+EXTRA_PREFIX = "extra."
 #: ObjectRL's metadata is a few ints, ours a few more: anything this large is not a metadata file.
 MAX_METADATA_BYTES = 16 << 20
 
@@ -205,6 +213,11 @@ def read_metadata_file(source: str) -> dict[str, Any]:
     phantom = meta.get("phantom", 0)
     if type(phantom) is not int or not 0 <= phantom <= meta["data_size"]:
         raise CheckpointError(f"'{source}': phantom must be an int in [0, data_size], got {phantom!r}")
+    for key, value in extra_values(meta).items():
+        if type(value) is not int or not 0 <= value <= MAX_SIZE:
+            raise CheckpointError(
+                f"'{source}': {EXTRA_PREFIX}{key} must be an int in [0, {MAX_SIZE}], got {brief(value)}"
+            )
     if "data_manifest_crc32" in meta and "data_dir" not in meta:  # a damaged key name, in a file without crc32
         raise CheckpointError(f"'{source}' is corrupted: it has data_manifest_crc32 but no data_dir")
     if "data_dir" in meta:
@@ -216,3 +229,12 @@ def read_metadata_file(source: str) -> dict[str, Any]:
         if type(crc) is not int:
             raise CheckpointError(f"'{source}': data_manifest_crc32 must be an int, got {brief(crc)}")
     return meta
+
+
+def extra_values(meta: dict[str, Any]) -> dict[str, Any]:
+    """The extra-state entries of a metadata dict (``extra.<name>.<key>``), keyed ``<name>.<key>``."""
+    return {
+        key.removeprefix(EXTRA_PREFIX): value
+        for key, value in meta.items()
+        if isinstance(key, str) and key.startswith(EXTRA_PREFIX)
+    }

@@ -3,8 +3,9 @@
     objectrl-buffer inspect PATH [--json]   capacity, size, pointer, schema, extras, format, creation info
     objectrl-buffer verify PATH             re-check every checksum: exit 0 if intact, 1 with the reason
     objectrl-buffer clean [--dry-run] [DIR ...]
-                                            remove storage folders left by killed processes (default
-                                            DIRs: /dev/shm and the temp folder), listing them with sizes
+                                            remove storage folders and rate-limiter counter files left
+                                            by killed processes (default DIRs: /dev/shm and the temp
+                                            folder), listing them with sizes
 
     objectrl-buffer trajectories sample --load-path P [--num-chunks N --sample-window-size W
                                         --cache-size K --enable-cache]
@@ -17,7 +18,8 @@
 ``PATH`` is what was given to ``ReplayBuffer.save`` (the ``.metadata`` file's name is accepted too).
 ``inspect`` reads the metadata and the manifest only (and checks file sizes); ``verify`` reads every byte.
 Exit codes: 0 fine, 1 the checkpoint is missing or damaged (the reason goes to stderr), 2 bad usage.
-``clean`` only removes folders whose owner lock no process holds (:mod:`~objectrl_buffer.storage.folders`).
+``clean`` only removes folders whose owner lock no process holds (:mod:`~objectrl_buffer.storage.folders`)
+and counter files whose creator is gone and that no process maps (:mod:`~objectrl_buffer.storage.shm_files`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from objectrl_buffer.errors import CheckpointError, InvalidArgumentError
-from objectrl_buffer.storage import folders, placement
+from objectrl_buffer.storage import folders, placement, shm_files
 
 if TYPE_CHECKING:
     from objectrl_buffer.checkpoint.generations import Checkpoint
@@ -158,21 +160,25 @@ def _print_human(info: dict[str, Any]) -> None:
 
 
 def clean(dirs: list[str], dry_run: bool) -> int:
-    """``clean``: remove (or with ``dry_run`` list) the folders in ``dirs`` that killed processes left behind."""
+    """``clean``: remove (or with ``dry_run`` list) what killed processes left in ``dirs``: storage folders
+    whose owner lock nobody holds (:mod:`~objectrl_buffer.storage.folders`) and shared rate limiters'
+    counter files that no live process maps (:mod:`~objectrl_buffer.storage.shm_files`)."""
     verb = "would remove" if dry_run else "removed"
     total = count = 0
     for parent in dirs or [placement.SHM_DIR, tempfile.gettempdir()]:
-        for orphan in folders.find_orphans(parent):
-            if not dry_run and not folders.remove(orphan):
-                continue  # taken over meanwhile, or not removable
-            owner = f"pid {orphan.pid}, gone" if orphan.pid is not None else "owner gone"
-            print(f"{verb} {orphan.path} ({human_bytes(orphan.nbytes)}, {owner})")
-            total += orphan.nbytes
-            count += 1
+        kinds = ((folders.find_orphans, folders.remove), (shm_files.find_orphan_files, shm_files.remove_file))
+        for find, remove in kinds:
+            for orphan in find(parent):
+                if not dry_run and not remove(orphan):
+                    continue  # taken over meanwhile, or not removable
+                owner = f"pid {orphan.pid}, gone" if orphan.pid is not None else "owner gone"
+                print(f"{verb} {orphan.path} ({human_bytes(orphan.nbytes)}, {owner})")
+                total += orphan.nbytes
+                count += 1
     if count:
-        print(f"{verb} {count} folder{'s' * (count != 1)}, {human_bytes(total)}")
+        print(f"{verb} {count} {'entry' if count == 1 else 'entries'} (folders and files), {human_bytes(total)}")
     else:
-        print("nothing to remove: no folder of a dead process found")
+        print("nothing to remove: no folder or file of a dead process found")
     return 0
 
 
@@ -250,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     verify = commands.add_parser("verify", help="re-check every checksum; exit 0 if intact, 1 if not")
     verify.add_argument("path", help="the checkpoint path given to ReplayBuffer.save (or its .metadata file)")
-    sweep = commands.add_parser("clean", help="remove storage folders that killed processes left behind")
+    sweep = commands.add_parser(
+        "clean", help="remove storage folders and counter files that killed processes left behind"
+    )
     sweep.add_argument("dirs", nargs="*", metavar="DIR", help="parent folders to look in (default: /dev/shm, temp)")
     sweep.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
     _trajectory_parser(commands)

@@ -32,7 +32,6 @@ import contextlib
 import math
 import os
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -49,6 +48,7 @@ from objectrl_buffer.checkpoint.manifest import ExtraValue
 from objectrl_buffer.core.sync import ProcessRLock
 from objectrl_buffer.core.validate import MAX_SIZE, positive_int, real_in
 from objectrl_buffer.errors import CheckpointError, InvalidArgumentError, RateLimitDeadlock, RateLimitTimeout
+from objectrl_buffer.storage import shm_files
 
 __all__ = ["RateLimiter", "NAME", "BIG", "MAX_COUNT", "unshared"]
 
@@ -89,10 +89,14 @@ class RateLimiter:
 
     Thread-safe. The counters are this buffer's extra state ``"rate_limiter"`` when the limiter is in a
     buffer's ``checkpoint_extras`` (:func:`objectrl_buffer.flow.limited` puts it there), so a full
-    checkpoint and its load keep the ratio.
+    checkpoint and its load keep the ratio; a metadata-only one (ObjectRL's ``save(path)``) carries the
+    counters too (``metadata_keys``; one saved before that restores as :meth:`restore` says).
     """
 
     name = NAME
+    #: The counters a metadata-only checkpoint (ObjectRL's ``save(path)``) carries too (see
+    #: :mod:`objectrl_buffer.checkpoint.extras`).
+    metadata_keys = _COUNTERS
 
     def __init__(
         self,
@@ -470,8 +474,7 @@ class RateLimiter:
         not seen: give blocking calls a ``timeout``)."""
         with self._cond:
             if self._shared is None:
-                folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-                fd, path = tempfile.mkstemp(prefix="objectrl-limiter-", dir=folder)
+                fd, path = shm_files.new_file()  # named after this process: see objectrl-buffer clean
                 try:
                     os.write(fd, self._counts.tobytes())
                 finally:
