@@ -39,6 +39,8 @@ def birth_times(value: Any, n: int, last_birth: int) -> torch.Tensor:
         births = torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError):
         raise InvalidArgumentError(f"birth_times must be {n} integers, got {value!r}") from None
+    if births.shape == (0,) and not isinstance(value, torch.Tensor):
+        births = births.to(torch.int64)  # an empty list or array has torch's (NumPy's) default float dtype
     if births.dim() != 1 or births.shape[0] != n or births.dtype not in (torch.int64, torch.int32):
         raise InvalidArgumentError(
             f"birth_times must be a 1-D integer sequence of length {n} (one per sample), got "

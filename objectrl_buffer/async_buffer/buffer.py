@@ -19,6 +19,7 @@ one with :class:`~objectrl_buffer.errors.ConcurrentUseError`). Arguments are che
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -181,6 +182,7 @@ class AsyncSequenceBuffer:
         for slot, sample_id, payload in zip(slot_list, parsed.ids, parsed.payloads, strict=True):
             self._t.payload[slot] = payload
             self._t.slot_of[sample_id] = slot
+        self._t.puts.update(parsed.ids)
         self._t.size += n
         self._schema.update(new_keys)
         self._t.last_birth = max(self._t.last_birth, int(births.max()))
@@ -408,6 +410,7 @@ class AsyncSequenceBuffer:
         self._t.size = len(got.payloads)
         self._t.last_birth = got.last_birth
         self._t.consumed = got.consumed
+        self._t.puts = Counter(got.consumed) + Counter(got.ids.tolist())  # each entry consumed or stored was put
         if self._t.size:
             self._binding.wake_soon()
 

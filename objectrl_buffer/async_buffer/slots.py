@@ -9,6 +9,7 @@ min-heap of the free slots.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 
 import torch
 
@@ -50,6 +51,9 @@ class SlotTable:
         self.size = 0
         self.last_birth = 0
         self.consumed: list[int] = []
+        # How often each id was put: an id consumed and then put again (AReaL puts the same ids every
+        # epoch) is a new entry, so an id may be consumed once per put, not once in all.
+        self.puts: Counter[int] = Counter()
 
     def add_candidates(self, slots: list[int], ready: torch.Tensor) -> None:
         """Add ``slots[i]`` to consumer ``c``'s candidates where ``ready[i, c]``."""
@@ -120,4 +124,8 @@ class SlotTable:
         )
         for sample_id, slot in self.slot_of.items():
             require(bool(occ[slot]) and int(self.ids[slot]) == sample_id, f"id {sample_id} indexed at slot {slot}")
-        require(len(set(self.consumed)) == len(self.consumed), "an id was consumed twice")
+        stored = Counter(self.slot_of.keys())  # keys: a mapping would give its values as counts
+        require(
+            Counter(self.consumed) + stored == self.puts,
+            "an id was consumed twice (consumed more often than put, or put and never stored or consumed)",
+        )
