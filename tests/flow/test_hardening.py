@@ -8,10 +8,9 @@ Every forked child here has a deadline: on code that gets it wrong the test fail
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,29 +20,7 @@ from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.errors import InvalidArgumentError, RateLimitTimeout
 from objectrl_buffer.flow import MinSize, Queue, RateLimiter, SampleToInsertRatio, limited
 from objectrl_buffer.flow.limiter import MAX_COUNT
-
-FORK = mp.get_context("fork")
-
-
-def row(i: int) -> dict[str, Any]:
-    return {"obs": torch.full((3,), float(i)), "step": i}
-
-
-def counts(limiter: RateLimiter) -> tuple[int, int, int]:
-    """The counters, read together under the limiter's lock."""
-    _, values = limiter.state()
-    return int(values["inserts"]), int(values["samples"]), int(values["deletes"])  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def children() -> Iterator[list[Any]]:
-    """Forked processes started by a test: whatever is left alive at its end is killed."""
-    started: list[Any] = []
-    yield started
-    for p in started:
-        if p.is_alive():
-            p.kill()
-        p.join(5)
+from tests.flow.forking import FORK, counts, row, wait_until
 
 
 def start(children: list[Any], target: Callable[..., None], *args: Any, **kwargs: Any) -> Any:
@@ -51,15 +28,6 @@ def start(children: list[Any], target: Callable[..., None], *args: Any, **kwargs
     p.start()
     children.append(p)
     return p
-
-
-def wait_until(check: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 # ---------------------------------------------------------------------- fork: the counters are shared
