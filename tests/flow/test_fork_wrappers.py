@@ -8,8 +8,6 @@ Every forked child here has a deadline: on code that gets it wrong the test fail
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,25 +15,13 @@ import pytest
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.distributed import become_shared, is_shared
-from objectrl_buffer.errors import InvalidArgumentError, RateLimitTimeout
+from objectrl_buffer.errors import InvalidArgumentError
 from objectrl_buffer.flow import LimitedBuffer, SampleToInsertRatio, limited
 from objectrl_buffer.flow.limiter import unshared
-from tests.flow.forking import FORK, counts, row, wait_until
+from tests.flow.forking import FORK, check_two_writers_of_ratio_1_20_10, counts, row, writer
 
 #: A buffer a fork child inherits without it being handed over (a global).
 INHERITED: dict[str, Any] = {}
-
-
-def writer(rb: Any, first: int, n: int, out: Any) -> None:
-    """``n`` rows through ``rb.add(..., timeout=5)``; reports ``(rows written, first error or None)``."""
-    done, error = 0, None
-    try:
-        for i in range(first, first + n):
-            rb.add(row(i), timeout=5)
-            done += 1
-    except Exception as exc:  # reported to the parent, which asserts there was none
-        error = f"{type(exc).__name__}: {exc}"
-    out.put((done, error))
 
 
 class Worker:
@@ -75,27 +61,8 @@ def test_fork_writers_share_the_rows_and_counters_of_a_limited_buffer(
     for w in range(2):
         children.append(hand_over(rb, 1000 * w, out))
         children[-1].start()
-    allowed = 20 + 10  # what Reverb's CanInsert admits with no sample
-    assert wait_until(lambda: counts(limiter)[0] >= allowed, 3.0), (
-        f"the parent sees {counts(limiter)}; the children said {[out.get() for _ in children if not out.empty()]}"
-    )
-    time.sleep(0.2)  # the writers keep trying: nothing more is admitted without a sample
-    assert counts(limiter) == (allowed, 0, 0) and len(rb) == allowed
-    diffs = []
-    deadline = time.monotonic() + 10
-    while any(p.is_alive() for p in children) and time.monotonic() < deadline:
-        with contextlib.suppress(RateLimitTimeout):
-            rb.sample_batch(2, timeout=0.05)  # the parent's samples unblock the children
-        inserts, samples, _ = counts(limiter)
-        diffs.append(inserts - samples)
-    results = [out.get() for _ in children]
-    assert results == [(20, None), (20, None)]
-    for p in children:
-        p.join(5)
-        assert p.exitcode == 0
-    assert counts(limiter)[0] == len(rb) == 41
+    check_two_writers_of_ratio_1_20_10(rb, limiter, children, out)
     assert sorted(rb.buffer.sample_all()["step"].tolist()) == [-1, *range(20), *range(1000, 1020)]
-    assert all(10 <= d <= 30 for d in diffs), diffs
 
 
 def test_fork_writers_share_a_gated_buffer_handed_as_its_bound_add(children: list[Any]) -> None:

@@ -7,7 +7,6 @@ Every forked child here has a deadline: on code that gets it wrong the test fail
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -17,10 +16,10 @@ import pytest
 import torch
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.errors import InvalidArgumentError, RateLimitTimeout
+from objectrl_buffer.errors import InvalidArgumentError
 from objectrl_buffer.flow import MinSize, Queue, RateLimiter, SampleToInsertRatio, limited
 from objectrl_buffer.flow.limiter import MAX_COUNT
-from tests.flow.forking import FORK, counts, row, wait_until
+from tests.flow.forking import FORK, check_two_writers_of_ratio_1_20_10, counts, row, writer
 
 
 def start(children: list[Any], target: Callable[..., None], *args: Any, **kwargs: Any) -> Any:
@@ -31,15 +30,6 @@ def start(children: list[Any], target: Callable[..., None], *args: Any, **kwargs
 
 
 # ---------------------------------------------------------------------- fork: the counters are shared
-def writer(rb: ReplayBuffer, first: int, n: int, out: Any) -> None:
-    done, error = 0, None
-    try:
-        for i in range(first, first + n):
-            rb.add(row(i), timeout=5)
-            done += 1
-    except Exception as exc:  # reported to the parent, which asserts there was none
-        error = f"{type(exc).__name__}: {exc}"
-    out.put((done, error))
 
 
 def test_fork_writers_share_the_limiter_of_the_buffer_handed_over(children: list[Any]) -> None:
@@ -53,24 +43,7 @@ def test_fork_writers_share_the_limiter_of_the_buffer_handed_over(children: list
     out = FORK.SimpleQueue()
     for w in range(2):
         start(children, writer, rb, 1000 * w, 20, out)
-    allowed = 20 + 10  # what Reverb's CanInsert admits with no sample
-    assert wait_until(lambda: counts(limiter)[0] >= allowed, 3.0), f"the parent sees {counts(limiter)}"
-    time.sleep(0.2)  # the writers keep trying: nothing more is admitted without a sample
-    assert counts(limiter) == (allowed, 0, 0) and len(rb) == allowed
-    diffs = []
-    deadline = time.monotonic() + 10
-    while any(p.is_alive() for p in children) and time.monotonic() < deadline:
-        with contextlib.suppress(RateLimitTimeout):
-            rb.sample_batch(2, timeout=0.05)  # the parent's samples unblock the children
-        inserts, samples, _ = counts(limiter)
-        diffs.append(inserts - samples)
-    results = [out.get() for _ in children]
-    assert results == [(20, None), (20, None)]
-    for p in children:
-        p.join(5)
-        assert p.exitcode == 0
-    assert counts(limiter)[0] == len(rb) == 41
-    assert all(10 <= d <= 30 for d in diffs), diffs
+    check_two_writers_of_ratio_1_20_10(rb, limiter, children, out)
 
 
 def insert_into(limiter: RateLimiter, n: int) -> None:
