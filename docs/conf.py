@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the package of this checkout, even where another copy is installed
 
 import objectrl_buffer  # noqa: E402
+from sphinx.ext.napoleon.docstring import GoogleDocstring  # noqa: E402
 
 project = "objectrl_buffer"
 author = "objectrl_buffer contributors"
@@ -31,6 +32,17 @@ autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+
+
+def _sentence_first(self: GoogleDocstring) -> tuple[str, list[str]]:
+    """Napoleon reads a property's first line ``"x: y"`` as an inline type ``x``; here such a line is a sentence
+    ("Which index draws the slots: ..."): the types come from the annotations."""
+    lines = [self._lines.next(), *self._dedent(self._consume_to_end())]
+    return "", type(self)(lines, self._config).lines()
+
+
+GoogleDocstring._consume_inline_attribute = _sentence_first  # type: ignore[method-assign]
+
 # Ray (the optional `ray` extra) is imported only when a remote buffer is launched: the API page builds
 # without it, nothing is mocked.
 
