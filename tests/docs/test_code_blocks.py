@@ -372,7 +372,9 @@ def test_a_failing_python_block_fails_naming_its_page_line(tmp_path: Path) -> No
     with pytest.raises(BlockError, match=r"page\.md:9 \(py block\) failed: AssertionError: x is 1") as failure:
         run_page(collect(page), tmp_path)
     # the traceback points at the page's own line
-    frames = traceback.extract_tb(failure.value.__cause__.__traceback__)
+    cause = failure.value.__cause__
+    assert cause is not None
+    frames = traceback.extract_tb(cause.__traceback__)
     assert (str(page), 10) in [(frame.filename, frame.lineno) for frame in frames]
 
 

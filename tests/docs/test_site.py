@@ -1,6 +1,7 @@
 """The documentation site (issue 24): built once with warnings as errors, served on 127.0.0.1 and every page
-opened in a real headless browser (Debian's ``chromium``): each page loads with its title and main content,
-and every internal link (a page, a ``#anchor``, an image) resolves to a file and an element id that exist.
+opened in a real headless browser (Debian's ``chromium``, driven by :mod:`tests.docs.browser`): each page loads
+with its title and main content and logs no script, console or network error, and every internal link (a page,
+a ``#anchor``, an image) resolves to a file and an element id that exist.
 
 Without chromium (or the ``docs`` extra) the tests skip with the reason, except where the ``CI`` variable is
 set: there they fail, since CI must really run them (``.ci/run`` installs chromium).
@@ -12,13 +13,12 @@ import contextlib
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -26,10 +26,11 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
 
+from tests.docs.browser import Browser
+
 REPO = Path(__file__).resolve().parents[2]
 #: The options of `make docs`: warnings are errors (the Makefile's recipe is checked to use them too).
 SPHINX_OPTS = ("-W", "--keep-going", "-b", "html")
-BROWSER_TIMEOUT_S = 120  # a hang guard, not a speed check
 
 
 def unavailable(reason: str) -> None:
@@ -87,19 +88,6 @@ def serve(root: Path) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-def dump_dom(browser: str, url: str) -> str:
-    """The page's DOM after it loaded (scripts run) in headless chromium."""
-    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
-        # the virtual time budget lets the page's scripts finish (the search page fills in its results)
-        command = [browser, "--headless", "--disable-gpu", "--virtual-time-budget=5000", f"--user-data-dir={profile}"]
-        command += ["--dump-dom", url]
-        if os.geteuid() == 0:
-            command.insert(1, "--no-sandbox")  # chromium refuses to run as root with its sandbox
-        done = subprocess.run(command, capture_output=True, text=True, timeout=BROWSER_TIMEOUT_S, check=False)
-    assert done.returncode == 0, f"chromium failed on {url}:\n{done.stderr[-3000:]}"
-    return done.stdout
 
 
 @dataclass
@@ -182,14 +170,12 @@ QUERIES = {"search.html": "?q=ReplayBuffer"}
 def check_site(root: Path, browser: str) -> list[str]:
     """Opens every page of the site at ``root`` in the browser; returns the problems found (empty: none)."""
     problems: list[str] = []
-    with serve(root) as base:
-        names = site_pages(root)
-
-        def open_page(name: str) -> Dom:
-            return read_dom(dump_dom(browser, base + name + QUERIES.get(name, "")))
-
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            doms = dict(zip(names, pool.map(open_page, names), strict=True))
+    doms: dict[str, Dom] = {}
+    with serve(root) as base, Browser(browser) as chromium:
+        for name in site_pages(root):
+            opened = chromium.open(base + name + QUERIES.get(name, ""))
+            problems += [f"{name}: {error}" for error in opened.errors]
+            doms[name] = read_dom(opened.html)
     by_file = {root / name: dom for name, dom in doms.items()}
     for name, dom in doms.items():
         if not dom.title:
@@ -220,8 +206,8 @@ def test_every_page_loads_and_every_internal_link_resolves(site: Path, browser: 
 
 
 def test_the_search_page_finds_the_buffer(site: Path, browser: str) -> None:
-    with serve(site) as base:
-        results = read_dom(dump_dom(browser, base + "search.html" + QUERIES["search.html"]))
+    with serve(site) as base, Browser(browser) as chromium:
+        results = read_dom(chromium.open(base + "search.html" + QUERIES["search.html"]).html)
     assert "api.html#objectrl_buffer.ReplayBuffer" in results.links
 
 
@@ -262,6 +248,11 @@ def test_the_checker_finds_broken_links_and_pages_that_do_not_load(tmp_path: Pat
     )
     (tmp_path / "sub" / "other.html").write_text(main.format("Other", '<p id="there">x</p><a href="../#top">ok</a>'))
     (tmp_path / "sub" / "index.html").write_text("<html><body><p>no title, no heading</p></body></html>")
+    (tmp_path / "sub" / "broken-js.html").write_text(
+        main.format("Broken JS", '<script>console.error("from the page")</script><script>null.x</script>').replace(
+            "</head>", '<script src="../_static/gone.js"></script></head>'
+        )
+    )
     # an anchor made by a script exists only in the loaded page: the browser sees it
     (tmp_path / "sub" / "js.html").write_text(
         main.format(
@@ -272,7 +263,17 @@ def test_the_checker_finds_broken_links_and_pages_that_do_not_load(tmp_path: Pat
             ),
         )
     )
-    assert sorted(check_site(tmp_path, browser)) == [
+    problems = sorted(check_site(tmp_path, browser))
+    logged = [p for p in problems if re.match(r"[^:]+: (console|network|script) error", p)]
+    for page, *words in (
+        ("sub/broken-js.html", "console error", "from the page"),
+        ("sub/broken-js.html", "network error", "404", "_static/gone.js"),
+        ("sub/broken-js.html", "script error", "TypeError"),
+        ("index.html", "network error", "404", "gone.png"),
+    ):
+        assert [p for p in logged if p.startswith(page) and all(w in p for w in words)], (page, words, logged)
+    assert len(logged) == 4, logged
+    assert [p for p in problems if p not in logged] == [
         "index.html: broken image 'gone.png' (no file gone.png)",
         "index.html: broken link 'missing.html' (no file missing.html)",
         "index.html: broken link 'sub/other.html#nowhere' (no id 'nowhere' there)",
