@@ -287,3 +287,12 @@ def test_make_docs_builds_as_this_test_does() -> None:
     recipe = [line for line in (REPO / "Makefile").read_text().splitlines() if "-m sphinx" in line]
     assert recipe and all(option in recipe[0].split() for option in SPHINX_OPTS), recipe
     assert "docs/_build/html" in recipe[0]
+
+
+def test_without_a_browser_ci_fails_where_a_laptop_skips(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI is set: no chromium"):
+        unavailable("no chromium")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="no chromium"):
+        unavailable("no chromium")
