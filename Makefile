@@ -39,9 +39,10 @@ setup: $(STAMP)
 train: $(STAMP)
 	$(PY) examples/dqn_cartpole.py
 
-# The site into docs/_build/html; warnings are errors (tests/docs/test_site.py builds with the same options).
+# The site into docs/_build/html, rebuilt whole (-E: every warning shown each time); warnings are errors
+# (tests/docs/test_site.py builds with the same options).
 docs: $(DOCS_STAMP)
-	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+	$(PY) -m sphinx -E -W --keep-going -b html docs docs/_build/html
 
 test: $(RAY_STAMP) $(DOCS_STAMP)
 	$(PY) -m ruff check objectrl_buffer tests examples benchmarks
