@@ -3,9 +3,11 @@ CONTRIBUTING.md, "Code blocks in the README and the docs").
 
 - The blocks of one page run in order, in one namespace, with a fresh temp dir as the working directory.
 - Python fences (``python``, ``py``, ``python3``, ``pycon``, ``ipython``, untagged) are exec'd; a ``pycon`` or
-  ``ipython`` block written with ``>>>`` prompts runs as a doctest (its printed output must match).
+  ``ipython`` block written with ``>>>`` prompts runs as a doctest (its printed output must match). A block is
+  the ``__main__`` module while it runs, from a file of its own, so that it can spawn processes as a script does.
 - Shell fences (``bash``, ``sh``, ``shell``, ``console``) run line by line with bash from the repository root,
-  the venv's bin first on PATH; :data:`COVERED` maps the few long commands to what runs them instead.
+  the venv's bin first on PATH; :data:`COVERED_TARGETS` and :data:`COVERED_PIP` map the few long commands to
+  what runs them instead. In a ``console`` block, the lines after a ``$`` command are output it must print.
 - Any other tag fails, as do indented code blocks and unknown MyST directives.
 """
 
