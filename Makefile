@@ -8,11 +8,12 @@ TORCH_INDEX ?= auto
 PY           = $(VENV)/bin/python
 STAMP        = $(VENV)/.installed
 RAY_STAMP    = $(VENV)/.installed-ray
+DOCS_STAMP   = $(VENV)/.installed-docs
 # compat: a .pth path entry that mypy, Pylance and other type checkers follow (the default editable
 # mode installs an import hook that only the interpreter sees)
 EDITABLE     = --config-settings editable_mode=compat
 
-.PHONY: setup train test lint clean
+.PHONY: setup train test lint clean docs
 
 $(STAMP): pyproject.toml .ci/constraints-cpu.txt .ci/torch_index.py
 	$(PYTHON) -m venv $(VENV)
@@ -27,15 +28,26 @@ $(RAY_STAMP): $(STAMP)
 	$(PY) -m pip install -q -c .ci/constraints-cpu.txt "ray>=2.40"
 	touch $(RAY_STAMP)
 
+# The documentation site (Sphinx, MyST, furo): the optional `docs` extra, installed for `make docs` and `make test`
+# (tests/docs builds the site and runs every code block of the README and the docs).
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c .ci/constraints-cpu.txt $(EDITABLE) -e ".[docs]"
+	touch $(DOCS_STAMP)
+
 setup: $(STAMP)
 
 train: $(STAMP)
 	$(PY) examples/dqn_cartpole.py
 
-test: $(RAY_STAMP)
+# The site into docs/_build/html, rebuilt whole (-E: every warning shown each time); warnings are errors
+# (tests/docs/test_site.py builds with the same options).
+docs: $(DOCS_STAMP)
+	$(PY) -m sphinx -E -W --keep-going -b html docs docs/_build/html
+
+test: $(RAY_STAMP) $(DOCS_STAMP)
 	$(PY) -m ruff check objectrl_buffer tests examples benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache docs/_build

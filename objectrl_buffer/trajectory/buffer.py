@@ -89,7 +89,9 @@ def _alias(name: str, value: Any, default: Any, alias: str, alias_value: Any) ->
 class TrajectoryReplayBuffer:
     """Whole batched trajectories in, uniformly drawn transitions from the newest ones out.
 
-    Args (RLinf's, in its positional order):
+    The arguments up to ``save_trajectories`` are RLinf's, in its positional order; the rest are keyword-only.
+
+    Args:
         seed: seed of the buffer's own ``torch.Generator`` (``None``: derived from torch's global seed,
             see :mod:`~objectrl_buffer.core.seeding`). The global RNG is never touched.
         enable_cache, cache_size: RLinf's cache settings (trajectories kept in RAM), kept for compatibility
@@ -100,8 +102,6 @@ class TrajectoryReplayBuffer:
         storage_format: ``"pt"`` (``torch.save``) or ``"pkl"`` (pickle) trajectory files.
         sample_window_size: sample from the newest N trajectories; 0 means all.
         save_trajectories: persist every added trajectory in ``storage_dir`` on a background thread.
-
-    Keyword-only:
         capacity: transitions kept at most (whole oldest trajectories are evicted); ``None``: every
             trajectory with ``save_trajectories`` or ``sample_window_size=0``, else the newest
             ``sample_window_size`` (:attr:`keep`), as rlinf keeps.
