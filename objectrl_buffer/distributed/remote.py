@@ -333,8 +333,9 @@ class RemoteBuffer:
         admitted = self.coordinator.admit_sample.remote(batch_size, timeout) if self.limited else None
         return [shard.sample.remote(batch_size, admitted) for shard in self.shards]
 
-    def finish_sample(self, batch_size: int, refs: list[Any]) -> TensorDict:
-        """The batch of :meth:`submit_sample` ``refs`` (drawn again if a shard died meanwhile)."""
+    def finish_sample(self, batch_size: int, refs: list[Any], timeout: float | None = None) -> TensorDict:
+        """The batch of :meth:`submit_sample` ``refs`` (drawn again if a shard died meanwhile, or if the limiter
+        admitted it before any admitted row had landed: see :meth:`draw_admitted`)."""
         ray = _ray()
         try:
             got = _get_all(refs)
@@ -347,7 +348,32 @@ class RemoteBuffer:
         refused = next((draw for draw in got if isinstance(draw, ReplayBufferError)), None)
         if refused is not None:  # the limiter's refusal, handed back by the shards
             raise refused
-        return self.assemble(batch_size, got)
+        try:
+            return self.assemble(batch_size, got)
+        except EmptyBufferError:
+            if not self.limited:
+                raise
+        return self.draw_admitted(batch_size, timeout)
+
+    def draw_admitted(self, batch_size: int, timeout: float | None) -> TensorDict:
+        """Draw again until rows the limiter admitted have landed on a shard.
+
+        The coordinator counts a write when it admits it, before its rows reach a shard, so a sample admitted
+        on those counts can find every shard still empty. It is drawn again (back-off 1 ms to 50 ms) until a row
+        has landed, for at most ``timeout`` seconds (``retry_timeout_s`` without one), then
+        :class:`~objectrl_buffer.errors.EmptyBufferError`.
+        """
+        deadline = time.monotonic() + (self.retry_timeout_s if timeout is None else timeout)
+        pause = 0.001
+        while True:
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+            got = self.retry("sample_batch", lambda: [s.sample.remote(batch_size) for s in self.shards])
+            try:
+                return self.assemble(batch_size, got)
+            except EmptyBufferError:
+                if time.monotonic() >= deadline:
+                    raise
 
     def assemble(self, batch_size: int, got: list[bytes]) -> TensorDict:
         """One batch of ``batch_size`` rows from each shard's packed draw (see the module docs)."""
@@ -391,7 +417,7 @@ class RemoteBuffer:
             BufferUnavailable: see :meth:`retry`.
         """
         k = positive_int(batch_size, "batch_size")
-        return self.finish_sample(k, self.submit_sample(k, timeout))
+        return self.finish_sample(k, self.submit_sample(k, timeout), timeout)
 
     def prefetch(self, batch_size: int, depth: int = 2, *, timeout: float | None = None) -> Iterator[TensorDict]:
         """An endless iterator of samples with ``depth`` of them in flight (Ray refs, dropped when taken)."""
@@ -401,7 +427,7 @@ class RemoteBuffer:
             while True:
                 refs = queue.popleft()
                 queue.append(self.submit_sample(k, timeout))
-                batch = self.finish_sample(k, refs)
+                batch = self.finish_sample(k, refs, timeout)
                 del refs
                 yield batch
         finally:

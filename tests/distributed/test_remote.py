@@ -388,3 +388,31 @@ def test_periodic_checkpoints_and_resume(local_ray: None, tmp_path: Any) -> None
     resumed.kill()
     with pytest.raises(InvalidArgumentError, match="checkpoint_every_s needs a checkpoint_path"):
         launch(ReplayBuffer, 10, 1, tmp_path, checkpoint_every_s=1.0)
+
+
+def test_a_sample_admitted_before_the_admitted_rows_land_waits_for_them(local_ray: None, tmp_path: Any) -> None:
+    """The coordinator counts a write when it admits it, before the rows reach a shard: a sample admitted on
+    those counts waits (within its timeout) for rows to land instead of raising EmptyBufferError (docs/ray.md's
+    example met this race)."""
+    import threading
+
+    remote = launch(ReplayBuffer, 100, 2, tmp_path, rate_limiter=MinSize(5))
+    assert ray.get(remote.coordinator.admit_insert.remote(0, 10, None))  # admitted, nothing stored yet
+    late = threading.Timer(0.5, lambda: remote.add_batch(rows(0, 10)))
+    late.start()
+    try:
+        batch = remote.sample_batch(4, timeout=20)
+        assert batch.batch_size == torch.Size([4]) and len(remote) == 10
+    finally:
+        late.join()
+    remote.kill()
+
+
+def test_an_admitted_sample_of_rows_that_never_land_times_out(local_ray: None, tmp_path: Any) -> None:
+    remote = launch(ReplayBuffer, 100, 1, tmp_path, rate_limiter=MinSize(5))
+    assert ray.get(remote.coordinator.admit_insert.remote(0, 10, None))
+    start = time.monotonic()
+    with pytest.raises(EmptyBufferError, match="no shard holds a row"):
+        remote.sample_batch(4, timeout=0.5)
+    assert time.monotonic() - start < 15  # bounded by the timeout, not retry_timeout_s (30 s)
+    remote.kill()
