@@ -13,9 +13,9 @@ The learner is a Double DQN with a Huber loss, gradient clipping, Adam and a tar
 ``--target-network-frequency`` gradient steps (with the defaults: once per learn call). The
 learning rate decays linearly to 0 over the run (as CleanRL's PPO does): without it the policy keeps
 collapsing and recovering, so the return at a fixed step count swings widely (seeds 1-4 ended at 276-382).
-With the defaults (seed 1, 50,000 env steps, about a minute on one free CPU core) the mean return of the last
-20 training episodes (epsilon 0.02 still on) ends well above the "solved" level of 195: seeds 1-8 ended at
-426-500.
+With the defaults (seed 1, 50,000 env steps, one to two minutes on one free CPU core) the mean return of the
+last 20 training episodes (epsilon 0.02 still on) ends well above the "solved" level of 195: seeds 1-5 ended
+at 486.5, 476.1, 500.0, 478.9 and 449.4 (each the same on every run: see "Reproducible").
 
     python examples/dqn_cartpole.py                    # the documented default run
     python examples/dqn_cartpole.py --save runs/dqn    # + the buffer checkpoint runs/dqn.metadata and runs/dqn.data-*/
@@ -33,21 +33,44 @@ buffer restarts empty (``--no-save-data`` writes only those counters).
 Output: a tqdm bar (interactive terminals only), the mean return of the last 20 episodes, the wall time and
 the share spent inside buffer calls, and a learning-curve PNG (``--plot``, default ``runs/dqn_cartpole.png``).
 The process exits 0 whether or not the 195 criterion is met; the last lines say which.
+
+Reproducible: on CPU a seed gives the same bits on every run (episode returns, final weights, the PNG), on any
+x86-64 CPU with AVX2 or AVX-512 and the pinned versions (.ci/constraints-cpu.txt). What it takes: one
+intra-op thread (``--threads``; ``OMP_NUM_THREADS`` does not matter), ``MKL_CBWR=COMPATIBLE`` (set below
+unless the environment sets it), ``torch.use_deterministic_algorithms`` on CPU, the env reset with the seed
+once, exploration drawn from ``np.random.default_rng(seed)``, and the buffer's sampling generator given
+``seed=`` explicitly. Another BLAS (ARM: no MKL) or other torch/NumPy/gymnasium versions round differently:
+the JSON records these under ``"numerics"``. Only the wall time and the buffer's share of it vary from run to
+run. ``make train`` writes the README's figure and numbers and the short reference the tests compare a re-run with:
+
+    python examples/dqn_cartpole.py --short-reference   # docs/dqn_cartpole_short.json (seconds)
+    python examples/dqn_cartpole.py --plot docs/dqn_cartpole.png --summary docs/dqn_cartpole.json
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
+import platform
 import random
 import sys
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# One code path for MKL, torch's matrix multiply on x86: by default it picks its kernels by CPU (Intel or
+# AMD, AVX2 or AVX-512) and they round differently; the differences grow over training until a greedy action
+# flips and the curve departs. COMPATIBLE is MKL's "conditional numerical reproducibility" branch: the same
+# results on any x86-64 CPU for a fixed thread count. MKL reads it once, at its first call, so it is set here,
+# before torch is imported (see "Reproducible" above).
+os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 
 import gymnasium as gym
 import numpy as np
@@ -61,6 +84,16 @@ from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.checkpoint.io import atomic_write
 
 SOLVED_RETURN = 195.0  # CartPole's classic "solved" threshold (mean over the last episodes)
+#: ``--short-reference`` without a path writes here; tests/test_main_job.py re-runs it and compares.
+SHORT_REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "dqn_cartpole_short.json"
+#: The short run of ``--short-reference`` (under 2 s of CPU): the ring of 1,000 rows wraps twice, and 25 learn
+#: calls of 32 gradient steps train a smaller network that acts greedily from step 600 on (returns climb from
+#: ~10 to ~100), so any change in what the buffer stores or samples, or in the learner, moves its episode
+#: returns and final weights.
+SHORT_RUN = (
+    "--total-steps", "3000", "--buffer-size", "1000", "--learning-starts", "500", "--learn-frequency", "100",
+    "--max-iter", "32", "--hidden", "64", "--learning-rate", "3e-3", "--no-progress", "--plot", "",
+)  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -108,7 +141,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--summary",
         default="",
         metavar="PATH",
-        help="also write the run's numbers (seed, steps, mean return, wall time, buffer share) as JSON to PATH",
+        help="also write the run's record as JSON to PATH: seed, steps, mean return, every episode's return and "
+        "end step, a digest of the final weights, the numerics (versions, BLAS), and the measured wall time and "
+        "buffer share",
     )
     p.add_argument(
         "--save",
@@ -140,6 +175,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "count, and refill the buffer from empty (the metadata holds no rows)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (also off when not a TTY)")
+    p.add_argument(
+        "--short-reference",
+        nargs="?",
+        const=str(SHORT_REFERENCE),
+        default=None,
+        metavar="PATH",
+        help="run the fixed short configuration SHORT_RUN (seconds; other options are ignored) and write "
+        "its record to PATH (default: docs/dqn_cartpole_short.json), which tests/test_main_job.py compares with",
+    )
     return p.parse_args(argv)
 
 
@@ -179,6 +223,16 @@ class RunState:
     agent_state: dict[str, Any] | None = None  # the PATH.agent.pt dict (see save_run), when there is one
     episode_returns: list[float] = field(default_factory=list)
     episode_ends: list[int] = field(default_factory=list)  # global step at which each episode ended
+
+
+def curve(run: RunState) -> dict[str, list[Any]]:
+    """Every episode's return and the global step it ended at (the learning curve, for the JSON records)."""
+    return {"episode_returns": run.episode_returns, "episode_ends": run.episode_ends}
+
+
+def write_json(path: str, record: dict[str, Any]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(record, indent=1) + "\n")
 
 
 def linear_schedule(start: float, end: float, duration: int, t: int) -> float:
@@ -331,13 +385,82 @@ def plot_learning_curve(run: RunState, window: int, path: str, title: str) -> No
     plt.close(fig)
 
 
+# ----------------------------------------------------------------------------------------- reproducibility
+@contextmanager
+def reproducible(threads: int, device: torch.device) -> Iterator[None]:
+    """torch's settings for a run whose numbers are the same bits every time for a seed (CPU).
+
+    A fixed intra-op thread count (MKL's reproducible branch needs one; ``OMP_NUM_THREADS`` is overridden) and,
+    on CPU, ``torch.use_deterministic_algorithms`` (an operation without a deterministic CPU kernel raises
+    instead of varying). Both are restored afterwards: the tests run :func:`main` in their own process.
+    """
+    threads_before = torch.get_num_threads()
+    deterministic_before = torch.are_deterministic_algorithms_enabled()
+    warn_only_before = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.set_num_threads(threads)
+    if device.type == "cpu":  # CUDA would also need CUBLAS_WORKSPACE_CONFIG; no claim is made there
+        torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads_before)
+        torch.use_deterministic_algorithms(deterministic_before, warn_only=warn_only_before)
+
+
+def weights_digest(network: nn.Module) -> str:
+    """SHA-256 of a network's parameters and buffers (names, dtypes, shapes and bytes), in state-dict order."""
+    digest = hashlib.sha256()
+    for name, tensor in network.state_dict().items():
+        value = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{value.dtype}:{tuple(value.shape)}".encode())
+        digest.update(value.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def numerics_probe() -> str:
+    """The first 16 hex digits of SHA-256 of a fixed float32 matrix product and its reductions, the operations
+    the Q-network's training is made of. Two processes with different probes round differently (another MKL
+    branch, thread count or BLAS); equal probes are no proof of the converse (torch's unvectorized kernels,
+    on x86 without AVX2, give this probe but other weights)."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.rand(64, 257, generator=generator) - 0.5  # uniform draws are exact arithmetic on every CPU
+    b = torch.rand(257, 255, generator=generator) - 0.5
+    c = torch.relu(a @ b)
+    digest = hashlib.sha256()
+    for value in (c, c.sum(0), c.norm(), F.smooth_l1_loss(c, c.flip(0))):
+        digest.update(value.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def numerics() -> dict[str, Any]:
+    """What a run's bits depend on besides the code and the seed (written into the JSON records)."""
+    return {
+        "machine": platform.machine(),
+        "blas": "mkl" if torch.backends.mkl.is_available() else "other",
+        "mkl_cbwr": os.environ.get("MKL_CBWR"),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "gymnasium": gym.__version__,
+        "probe": numerics_probe(),
+    }
+
+
 # ----------------------------------------------------------------------------------------- training
 def main(argv: list[str] | None = None) -> float:
     """Train, report, and return the mean return of the last ``--window`` episodes (nan if none finished)."""
     args = parse_args(argv)
+    if args.short_reference:
+        args = parse_args([*SHORT_RUN, "--short-reference", args.short_reference])
+    with reproducible(args.threads, torch.device(args.device)):
+        return train(args)
+
+
+def train(args: argparse.Namespace) -> float:
+    """The run of :func:`main`, with torch's settings already made."""
     logging.getLogger("torchrl").setLevel(logging.WARNING)  # its INFO line on the first write is noise here
     wall_start = time.perf_counter()
-    torch.set_num_threads(args.threads)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -453,18 +576,23 @@ def main(argv: list[str] | None = None) -> float:
         f"[add {add_clock.seconds:.2f} s, sampling {sample_clock.seconds:.2f} s]"
     )
     verdict = "met" if mean_return >= SOLVED_RETURN else "NOT met"
+    # The record of what the run computed: the same bits for a seed on any x86-64 CPU (see "Reproducible").
+    record: dict[str, Any] = {
+        "seed": args.seed,
+        "total_steps": args.total_steps,
+        "episodes": len(run.episode_returns),
+        "window": len(recent),
+        "mean_return": round(mean_return, 1),
+        "gradient_steps": gradient_steps,
+        "q_network_sha256": weights_digest(q_network),
+    }
+    if args.short_reference:
+        short = {"command": "python examples/dqn_cartpole.py --short-reference", "args": list(SHORT_RUN)}
+        write_json(args.short_reference, {**short, **record, "numerics": numerics(), **curve(run)})
+        print(f"short reference: {args.short_reference}")
     if args.summary:  # what docs/dqn_cartpole.json holds, so the README can quote the run it shows
-        summary = {
-            "seed": args.seed,
-            "total_steps": args.total_steps,
-            "episodes": len(run.episode_returns),
-            "window": len(recent),
-            "mean_return": round(mean_return, 1),
-            "wall_s": round(wall, 1),
-            "buffer_share_percent": round(100 * buffer_s / wall, 1),
-            "plot": args.plot,
-        }
-        Path(args.summary).write_text(json.dumps(summary, indent=1) + "\n")
+        measured = {"wall_s": round(wall, 1), "buffer_share_percent": round(100 * buffer_s / wall, 1)}  # vary
+        write_json(args.summary, {**record, **measured, "plot": args.plot, "numerics": numerics(), **curve(run)})
         print(f"summary: {args.summary}")
     print(f"criterion mean return >= {SOLVED_RETURN:g}: {verdict}")
     print(f"mean return over last {len(recent)} episodes: {mean_return:.1f}")

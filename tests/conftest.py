@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
+
+# tests/test_main_job.py re-runs the main job and compares it bit for bit with a record computed under
+# MKL_CBWR=COMPATIBLE (examples/dqn_cartpole.py sets it when run as a script). MKL reads it once, at its first
+# call, so it is set here, before any test multiplies a matrix.
+os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 from collections.abc import Callable, Iterator
 from typing import Any
 
