@@ -54,7 +54,7 @@ OTHER_DIRECTIVES = frozenset({"toctree", "eval-rst", "include", "figure", "image
 
 #: Commands too long to run here, and what runs them instead: ``make <target>`` by target, and editable installs.
 COVERED_TARGETS = {
-    "train": "tests/test_example_dqn.py (the main job's short re-run)",
+    "train": "tests/test_main_job.py (the main job's short re-run, bit for bit)",
     "test": ".ci/run (CI runs `make test`)",
     "test-all": ".ci/run (CI runs the suite; `make test-all` adds the slow cases)",
     "docs": "tests/docs/test_site.py (the docs build, warnings as errors)",
