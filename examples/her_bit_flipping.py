@@ -35,7 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    p.add_argument("--bits", type=int, default=15, help="number of bits n (state, goal and actions); episodes last n steps")
+    p.add_argument(
+        "--bits", type=int, default=15, help="number of bits n (state, goal and actions); episodes last n steps"
+    )
     p.add_argument("--cycles", type=int, default=200, help="training cycles (env steps, then gradient steps)")
     p.add_argument("--envs", type=int, default=16, help="bit-flipping envs stepped together (the buffer's num_envs)")
     p.add_argument("--steps-per-cycle", type=int, default=16, help="env steps of all envs per cycle")
@@ -48,7 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=256, help="width of the Q-network's hidden layer")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--gamma", type=float, default=0.98, help="discount factor")
-    p.add_argument("--polyak", type=float, default=0.95, help="target network <- polyak * target + (1 - polyak) * online")
+    p.add_argument(
+        "--polyak", type=float, default=0.95, help="target network <- polyak * target + (1 - polyak) * online"
+    )
     p.add_argument("--epsilon", type=float, default=0.2, help="epsilon-greedy exploration while training")
     p.add_argument("--eval-episodes", type=int, default=256, help="greedy episodes of the final success rate")
     p.add_argument("--eval-every", type=int, default=25, help="cycles between success-rate prints (0: only the final)")
@@ -158,7 +162,8 @@ def main(argv: list[str] | None = None) -> float:
     env = BitFlipping(args.envs, n, generator)
     low = -1.0 / (1.0 - args.gamma)  # the lowest return possible: targets are clipped to [low, 0]
     started = time.perf_counter()
-    print(f"bits={n} her={'off' if args.n_sampled_goal == 0 else f'{args.strategy}, n_sampled_goal={args.n_sampled_goal}'}")
+    her = "off" if args.n_sampled_goal == 0 else f"{args.strategy}, n_sampled_goal={args.n_sampled_goal}"
+    print(f"bits={n} her={her}")
     for cycle in range(1, args.cycles + 1):
         for _ in range(args.steps_per_cycle):
             action = greedy(q_network, env.state, env.goal)

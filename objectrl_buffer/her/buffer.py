@@ -108,7 +108,7 @@ class HerReplayBuffer(ReplayBuffer):
         achieved_goal_key: Key = "achieved_goal",
         desired_goal_key: Key = "desired_goal",
         next_achieved_goal_key: Key | None = None,
-        next_desired_goal_key: Key | None | str = "",
+        next_desired_goal_key: Key | None = "",
         info_keys: Sequence[Key] = (),
         seed: int | None = None,
         shuffle: bool = False,
@@ -126,13 +126,17 @@ class HerReplayBuffer(ReplayBuffer):
         achieved = _key(achieved_goal_key, "achieved_goal_key")
         desired = _key(desired_goal_key, "desired_goal_key")
         next_achieved = (
-            _next_twin(achieved) if next_achieved_goal_key is None else _key(next_achieved_goal_key, "next_achieved_goal_key")
+            _next_twin(achieved)
+            if next_achieved_goal_key is None
+            else _key(next_achieved_goal_key, "next_achieved_goal_key")
         )
         next_desired: Key | None
         if next_desired_goal_key == "":
             next_desired = _next_twin(desired)
         else:
-            next_desired = None if next_desired_goal_key is None else _key(next_desired_goal_key, "next_desired_goal_key")
+            next_desired = (
+                None if next_desired_goal_key is None else _key(next_desired_goal_key, "next_desired_goal_key")
+            )
         if isinstance(info_keys, (str, bytes)):
             raise InvalidArgumentError(f"info_keys must be a sequence of keys, got {info_keys!r}")
         infos = tuple(_key(k, "info_keys") for k in info_keys)
@@ -222,7 +226,9 @@ class HerReplayBuffer(ReplayBuffer):
         batch = engine.read(ring.slots(positions))
         n_virtual = int(self.her_ratio * k)
         if n_virtual:
-            goal_positions = draw_goal_steps(episodes, positions[k - n_virtual :], self.goal_selection_strategy, generator)
+            goal_positions = draw_goal_steps(
+                episodes, positions[k - n_virtual :], self.goal_selection_strategy, generator
+            )
             self._relabel(batch, k - n_virtual, ring.slots(goal_positions))
         return batch
 
@@ -244,7 +250,10 @@ class HerReplayBuffer(ReplayBuffer):
                 stored = [format_key(f) for f in fields]
                 raise SchemaError(f"{name}: the key '{format_key(key)}' is not stored; stored keys: {stored}")
         goal = fields[self.desired_goal_key].describe()
-        for name, key in (("next_achieved_goal_key", self.next_achieved_goal_key), ("next_desired_goal_key", self.next_desired_goal_key)):
+        for name, key in (
+            ("next_achieved_goal_key", self.next_achieved_goal_key),
+            ("next_desired_goal_key", self.next_desired_goal_key),
+        ):
             if key is not None and fields[key].describe() != goal:
                 raise SchemaError(
                     f"{name}: '{format_key(key)}' stores {fields[key].describe()} per row but desired_goal_key "
@@ -255,7 +264,9 @@ class HerReplayBuffer(ReplayBuffer):
     def _relabel(self, batch: TensorDict, start: int, goal_slots: torch.Tensor) -> None:
         """Give rows ``start:`` of ``batch`` the goals at ``goal_slots`` and their recomputed reward, in place."""
         engine = self.engine
-        goals = engine.read(goal_slots, [self.next_achieved_goal_key], with_index=False).get(self.next_achieved_goal_key)
+        goals = engine.read(goal_slots, [self.next_achieved_goal_key], with_index=False).get(
+            self.next_achieved_goal_key
+        )
         for key in (self.desired_goal_key, self.next_desired_goal_key):
             if key is not None:
                 batch.get(key)[start:] = goals

@@ -60,7 +60,7 @@ def goal_strategy(value: object) -> GoalSelectionStrategy:
     if isinstance(value, GoalSelectionStrategy):
         return value
     name = value if isinstance(value, str) else getattr(value, "name", None)
-    if isinstance(value, enum.Enum) or isinstance(value, str):
+    if isinstance(value, (enum.Enum, str)):
         for member in GoalSelectionStrategy:
             if isinstance(name, str) and name.lower() == member.value:
                 return member
