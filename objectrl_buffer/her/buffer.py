@@ -23,14 +23,15 @@ from objectrl_buffer.core.validate import integer, positive_int
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SchemaError
 from objectrl_buffer.replay_buffer import ReplayBuffer
 from objectrl_buffer.sampling.her import (
-    Episodes,
+    Drawable,
     GoalSelectionStrategy,
     draw_goal_steps,
-    finished_episodes,
+    draw_rows,
+    drawable_steps,
     goal_strategy,
     oldest_row_starts,
 )
-from objectrl_buffer.sampling.slices import TransitionKeys, episode_ends, require_keys
+from objectrl_buffer.sampling.slices import StoredRows, TransitionKeys, require_keys
 
 __all__ = ["HerReplayBuffer", "ComputeReward"]
 
@@ -87,8 +88,8 @@ class HerReplayBuffer(ReplayBuffer):
 
     The goals, the reward and the episode ends must be stored by the first :meth:`sample_batch`
     (``SchemaError`` naming the key otherwise). ``sample_by_index``, slices, ``sample_all`` and the epoch
-    iterators return stored rows, not relabeled. Finding the finished episodes reads the episode-end flags
-    of every row held (``O(len)``) once per write; samples between two writes reuse it.
+    iterators return stored rows, not relabeled. A sample reads the episode-end flags around the rows it
+    draws and at the ends of each env's stream (``O(batch_size * episode length)``), never all rows.
 
     Raises:
         InvalidArgumentError: naming the argument: ``compute_reward`` not callable, ``n_sampled_goal``
@@ -159,8 +160,12 @@ class HerReplayBuffer(ReplayBuffer):
         self.next_achieved_goal_key = next_achieved
         self.next_desired_goal_key = next_desired
         self.info_keys = infos
-        self._episodes: tuple[tuple[object, ...], Episodes] | None = None  # (ring state, its episodes)
         self._checked_schema: Schema | None = None  # the schema whose keys _check_keys accepted
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_checked_schema"] = None  # the schema object this buffer checked, not the copy's
+        return state
 
     @property
     def her_ratio(self) -> float:
@@ -169,30 +174,24 @@ class HerReplayBuffer(ReplayBuffer):
 
     @property
     def sampleable_rows(self) -> int:
-        """Rows :meth:`sample_batch` may draw now: those of finished episodes whose first row is held."""
-        if self.engine.ring.held == 0 or self.engine.schema is None:
-            return 0
-        return int(self.episodes().positions.numel())
-
-    def episodes(self) -> Episodes:
-        """The finished episodes of the rows held now (cached until the next write, reset or load).
+        """Rows :meth:`sample_batch` may draw now: those of finished episodes whose first row is held.
 
         Raises:
             SchemaError: an episode-end key (``transition_keys``) is not stored.
         """
+        if self.engine.ring.held == 0 or self.engine.schema is None:
+            return 0
+        return self._drawable(self._stored_rows()).total
+
+    def _stored_rows(self) -> StoredRows:
         engine = self.engine
-        ring = engine.ring
-        state = (engine.generation, id(ring), ring.done, *ring.state())
-        if self._episodes is not None and self._episodes[0] == state:
-            return self._episodes[1]
         columns = engine.storage.columns
         end_keys = self.transition_keys.episode_end
         require_keys(columns, end_keys, "HerReplayBuffer")
-        positions = torch.arange(ring.held, device=engine.storing_device)
-        ends = episode_ends(columns, ring.slots(positions), end_keys)
-        episodes = finished_episodes(ends, self.num_envs, oldest_row_starts(ring))
-        self._episodes = (state, episodes)
-        return episodes
+        return StoredRows(columns, end_keys, engine.ring, self.num_envs)
+
+    def _drawable(self, rows: StoredRows) -> Drawable:
+        return drawable_steps(rows, oldest_row_starts(rows.ring), self.engine.storing_device)
 
     def sample_batch(
         self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
@@ -212,24 +211,23 @@ class HerReplayBuffer(ReplayBuffer):
         engine = self.engine
         engine.require_rows()
         self._check_keys()
-        episodes = self.episodes()
-        drawable = episodes.positions
-        if drawable.numel() == 0:
+        rows = self._stored_rows()
+        drawable = self._drawable(rows)
+        if drawable.total == 0:
             raise EmptyBufferError(
                 f"no episode has ended among the {engine.ring.held} rows held: HerReplayBuffer samples only "
                 "finished episodes; write an episode's end (terminated or truncated) first, e.g. sample only "
                 "after more steps than an episode lasts"
             )
         generator = self.generator
-        positions = drawable[torch.randint(0, drawable.numel(), (k,), generator=generator, device=drawable.device)]
-        ring = engine.ring
-        batch = engine.read(ring.slots(positions))
+        steps, envs = draw_rows(drawable, k, generator)
+        stride = self.num_envs
+        batch = engine.read(rows.slots(steps * stride + envs))
         n_virtual = int(self.her_ratio * k)
         if n_virtual:
-            goal_positions = draw_goal_steps(
-                episodes, positions[k - n_virtual :], self.goal_selection_strategy, generator
-            )
-            self._relabel(batch, k - n_virtual, ring.slots(goal_positions))
+            real = k - n_virtual
+            goals = draw_goal_steps(rows, steps[real:], envs[real:], self.goal_selection_strategy, generator)
+            self._relabel(batch, real, rows.slots(goals * stride + envs[real:]))
         return batch
 
     def _check_keys(self) -> None:

@@ -7,7 +7,8 @@ stream is the positions ``t * stride + e``, and an episode is a run of one strea
 at a row with a non-zero ``terminated`` or ``truncated``.
 
 Which rows can be drawn (Stable-Baselines3's ``HerReplayBuffer`` rules, re-derived from the flags at
-sample time instead of stored per row):
+sample time instead of stored per row); in each env's stream they are one run of steps, from the first
+step of its oldest whole episode to its newest episode end:
 
 * only rows of **finished** episodes: the steps of a stream after its last episode end (the episode
   still being written, up to the write head) are neither sampled nor used as goals until it ends;
@@ -16,6 +17,9 @@ sample time instead of stored per row):
   overwritten). After the ring has wrapped (or after a metadata-only load) the oldest steps of each
   stream, up to their first episode end, are treated so; an episode that happened to start exactly at
   the oldest held row is dropped with them (its predecessor's end flag is gone), a few rows at most.
+
+Nothing scans the whole buffer: the ends of those runs and each sampled row's episode are found by
+reading the flags of growing windows around them (``O(episode length)`` rows each, vectorised).
 
 Goals (SB3's definitions; ``t`` is the sampled row's step in its episode of ``T`` steps ``0 .. T-1``):
 ``future``: a step uniform in ``[t, T-1]`` (inclusive of ``t``, as SB3); ``final``: ``T-1``;
@@ -31,15 +35,20 @@ import torch
 
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.errors import InvalidArgumentError
+from objectrl_buffer.sampling.slices import StoredRows
 
 __all__ = [
     "GoalSelectionStrategy",
     "goal_strategy",
-    "Episodes",
-    "finished_episodes",
+    "Drawable",
+    "drawable_steps",
+    "draw_rows",
     "draw_goal_steps",
     "oldest_row_starts",
 ]
+
+#: Steps of each window in the first round of a search for an episode end (doubled each round).
+FIRST_WINDOW = 64
 
 
 class GoalSelectionStrategy(str, enum.Enum):
@@ -68,67 +77,80 @@ def goal_strategy(value: object) -> GoalSelectionStrategy:
     raise InvalidArgumentError(f"goal_selection_strategy must be one of {allowed}, got {value!r}")
 
 
+def _nearest_end(rows: StoredRows, steps: torch.Tensor, envs: torch.Tensor, direction: int) -> torch.Tensor:
+    """For each ``(steps[i], envs[i])``, the nearest step of that env's stream at or after (``direction=1``)
+    or at or before (``-1``) ``steps[i]`` whose row ends an episode; ``held // stride`` (after) or ``-1``
+    (before) where there is none. Reads windows of ``FIRST_WINDOW`` steps, doubled until each one is found."""
+    stride = rows.stride
+    count = rows.size // stride
+    none = count if direction > 0 else -1
+    found = torch.full_like(steps, none)
+    pending = torch.arange(steps.numel(), device=steps.device)
+    offset, width = 0, FIRST_WINDOW
+    while pending.numel():
+        window = steps[pending].unsqueeze(1) + direction * (offset + torch.arange(width, device=steps.device))
+        inside = (window >= 0) & (window < count)
+        ends = rows.ends(window.clamp(0, count - 1) * stride + envs[pending].unsqueeze(1)) & inside
+        hit = ends.any(1)
+        first = ends.to(torch.uint8).argmax(1)  # the first True of each row
+        found[pending[hit]] = window[hit, first[hit]]
+        pending = pending[~hit & inside[:, -1]]  # the rest left the stream: no end that way
+        offset, width = offset + width, 2 * width
+    return found
+
+
 @dataclass(frozen=True)
-class Episodes:
-    """The rows HER may draw, and each one's episode, for one ring state.
+class Drawable:
+    """The steps HER may draw: in env ``e``'s stream, ``count[e]`` steps from ``first[e]`` on (``[num_envs]``
+    int64 each; step ``t`` of env ``e`` is position ``t * num_envs + e``)."""
 
-    Attributes:
-        positions: positions of the drawable rows (``[n]`` int64, ascending).
-        first: for every position held, the step (``position // stride``) its episode starts at (``[held]``).
-        last: for every position held, the step its episode ends at (``[held]``; meaningless where the
-            row is not drawable).
-        stride: positions between two steps of one env (``num_envs``).
-    """
-
-    positions: torch.Tensor
     first: torch.Tensor
-    last: torch.Tensor
-    stride: int
+    count: torch.Tensor
+
+    @property
+    def total(self) -> int:
+        """Rows that may be drawn."""
+        return int(self.count.sum())
 
 
-def finished_episodes(ends: torch.Tensor, stride: int, oldest_starts: bool) -> Episodes:
-    """The drawable rows, from the episode-end flag of every row held.
+def drawable_steps(rows: StoredRows, oldest_starts: bool, device: torch.device) -> Drawable:
+    """Each env's drawable run: from the step after its first episode end (from step 0 when the oldest row
+    is known to start an episode, see :func:`oldest_row_starts`) to its last episode end (``device``: the
+    columns')."""
+    stride = rows.stride
+    envs = torch.arange(stride, device=device)
+    newest = torch.full((stride,), rows.size // stride - 1, dtype=torch.int64, device=device)
+    last = _nearest_end(rows, newest, envs, -1)
+    first = torch.zeros_like(last) if oldest_starts else _nearest_end(rows, torch.zeros_like(last), envs, 1) + 1
+    return Drawable(first, (last - first + 1).clamp_min(0))
 
-    Args:
-        ends: ``[held]`` bool, by position: the row ends an episode (``held`` a multiple of ``stride``).
-        stride: ``num_envs``.
-        oldest_starts: the oldest held row of each stream is known to start an episode (nothing was
-            ever overwritten, so it is the first row written); else the first segment is dropped.
 
-    ``O(held)``, vectorised over the streams.
-    """
-    device = ends.device
-    per_env = ends.reshape(-1, stride)  # [steps, stride]: column e is env e's stream
-    steps = per_env.shape[0]
-    time = torch.arange(steps, device=device).unsqueeze(1).expand(steps, stride)
-    # The step after the previous end (exclusive scan): where each row's episode starts, -1 if unknown.
-    end_at = torch.where(per_env, time, -1)
-    previous_end = torch.cat([end_at.new_full((1, stride), -1), end_at[:-1]]).cummax(0).values
-    first = previous_end + 1
-    # The next end at or after each row: where its episode ends, ``steps`` if it has not ended yet.
-    next_end = torch.where(per_env, time, steps).flip(0).cummin(0).values.flip(0)
-    drawable = next_end < steps
-    if not oldest_starts:
-        drawable &= previous_end >= 0
-    return Episodes(drawable.reshape(-1).nonzero().squeeze(1), first.reshape(-1), next_end.reshape(-1), stride)
+def draw_rows(drawable: Drawable, k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k`` rows uniform with replacement over the drawable ones (``total > 0``): ``(steps, envs)``, ``[k]`` each."""
+    ends = drawable.count.cumsum(0)
+    pick = torch.randint(0, int(ends[-1]), (k,), generator=generator, device=ends.device)
+    # the env whose run holds each pick: how many runs end at or before it (O(k * num_envs); torch.searchsorted
+    # costs milliseconds per call here)
+    envs = (pick.unsqueeze(1) >= ends).sum(1) if ends.numel() > 1 else torch.zeros_like(pick)
+    return drawable.first[envs] + pick - (ends - drawable.count)[envs], envs
 
 
 def draw_goal_steps(
-    episodes: Episodes, positions: torch.Tensor, strategy: GoalSelectionStrategy, generator: torch.Generator
+    rows: StoredRows,
+    steps: torch.Tensor,
+    envs: torch.Tensor,
+    strategy: GoalSelectionStrategy,
+    generator: torch.Generator,
 ) -> torch.Tensor:
-    """The position of the goal step for each drawable row at ``positions`` (``[k]`` int64), by ``strategy``:
-    the same env's stream and episode, never past its last step (so never the write head)."""
-    stride = episodes.stride
-    step, env = positions // stride, positions % stride
-    first, last = episodes.first[positions], episodes.last[positions]
+    """The goal step for each drawn row ``(steps[i], envs[i])`` (``[k]`` int64), by ``strategy``: a step of the
+    same env and episode, never past the episode's last step (so never the write head)."""
+    last = _nearest_end(rows, steps, envs, 1)
     if strategy is GoalSelectionStrategy.FINAL:
-        goal = last
-    else:
-        low = step if strategy is GoalSelectionStrategy.FUTURE else first
-        # uniform in [low, last]: floor(u * count) with a float64 u (bias below count * 2**-53)
-        u = torch.rand(positions.shape, generator=generator, dtype=torch.float64, device=positions.device)
-        goal = low + (u * (last - low + 1)).long().clamp_max_(last - low)
-    return goal * stride + env
+        return last
+    low = steps if strategy is GoalSelectionStrategy.FUTURE else _nearest_end(rows, steps - 1, envs, -1) + 1
+    # uniform in [low, last]: floor(u * count) with a float64 u (bias below count * 2**-53)
+    u = torch.rand(steps.shape, generator=generator, dtype=torch.float64, device=steps.device)
+    return low + (u * (last - low + 1)).long().clamp_max_(last - low)
 
 
 def oldest_row_starts(ring: Ring) -> bool:

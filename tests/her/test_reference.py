@@ -9,28 +9,37 @@ allows.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
+from objectrl_buffer.sampling import her as her_sampling
 from tests.her.episodes import REAL_GOAL, her, row
 
 
 @st.composite
-def programs(draw: st.DrawFn) -> tuple[int, int, list[list[bool]], list[int], str]:
+def programs(draw: st.DrawFn) -> tuple[int, int, list[list[bool]], list[int], str, int]:
     envs = draw(st.integers(1, 3))
     steps = draw(st.integers(1, 8))  # ring capacity in steps of every env
     ends = draw(st.lists(st.lists(st.booleans(), min_size=envs, max_size=envs), min_size=1, max_size=30))
     chunks = draw(st.lists(st.integers(1, 5), min_size=1, max_size=len(ends)))
     strategy = draw(st.sampled_from(["future", "final", "episode"]))
-    return envs, steps, ends, chunks, strategy
+    window = draw(st.sampled_from([1, 2, her_sampling.FIRST_WINDOW]))  # small: the searches take many rounds
+    return envs, steps, ends, chunks, strategy, window
 
 
 @settings(max_examples=60, deadline=None)
 @given(programs())
-def test_draws_and_goals_match_the_model(program: tuple[int, int, list[list[bool]], list[int], str]) -> None:
-    envs, steps, ends, chunks, strategy = program
+def test_draws_and_goals_match_the_model(program: tuple[int, int, list[list[bool]], list[int], str, int]) -> None:
+    envs, steps, ends, chunks, strategy, window = program
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(her_sampling, "FIRST_WINDOW", window)
+        check(envs, steps, ends, chunks, strategy)
+
+
+def check(envs: int, steps: int, ends: list[list[bool]], chunks: list[int], strategy: str) -> None:
     rb = her(steps * envs, num_envs=envs, goal_selection_strategy=strategy, n_sampled_goal=3)
     # the model: (env, episode, step) of every row, by row id (write order)
     rows: list[tuple[int, int, int]] = []

@@ -4,6 +4,7 @@ rows are drawn (finished episodes only, never across envs or the ring's seam), a
 from __future__ import annotations
 
 import enum
+import pickle
 from typing import Any
 
 import pytest
@@ -268,3 +269,25 @@ def test_it_is_a_replay_buffer() -> None:
     write_episodes(rb, [3], unfinished=2)
     assert isinstance(rb, HerReplayBuffer) and len(rb) == 5
     assert rb.sample_all()["desired_goal"].eq(REAL_GOAL).all()  # other reads return the stored rows
+
+
+def test_copies_and_checkpoints_keep_the_rows_and_take_the_settings(tmp_path: Any) -> None:
+    rb = her(64, seed=1, goal_selection_strategy="final")
+    write_episodes(rb, LENGTHS, unfinished=2)
+    copied = pickle.loads(pickle.dumps(rb))
+    assert copied.goal_selection_strategy is GoalSelectionStrategy.FINAL and copied.sampleable_rows == sum(LENGTHS)
+    assert (copied.sample(16) == rb.sample(16)).all()
+    rb.save(tmp_path / "her", data=True)
+    loaded = HerReplayBuffer.from_checkpoint(tmp_path / "her", compute_reward=encoded_reward, n_sampled_goal=1)
+    assert loaded.sampleable_rows == sum(LENGTHS) and loaded.her_ratio == 0.5
+    assert (loaded.sample(10)["desired_goal"][:5] == REAL_GOAL).all()
+
+
+def test_episodes_longer_than_the_search_window() -> None:
+    """Episode ends are found in windows that double: episodes of hundreds of steps, an unfinished tail too."""
+    rb = her(1024, goal_selection_strategy="final", n_sampled_goal=9)
+    episodes = write_episodes(rb, [300, 5, 200], unfinished=150)
+    assert rb.sampleable_rows == 505
+    batch = relabeled(rb.sample(200))
+    last = {e: b[1] for e, b in bounds(episodes).items()}
+    assert [last[e] for e in batch["episode"].tolist()] == batch["desired_goal"][:, 0].tolist()
