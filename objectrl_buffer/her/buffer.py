@@ -80,8 +80,9 @@ class HerReplayBuffer(ReplayBuffer):
         goal_selection_strategy: ``"future"``, ``"final"`` or ``"episode"`` (any case), a
             :class:`~objectrl_buffer.sampling.her.GoalSelectionStrategy`, or SB3's enum.
         achieved_goal_key, desired_goal_key: the stored goal keys (str, or a tuple for nested keys).
-        next_achieved_goal_key, next_desired_goal_key: their twins after the step (default: ``"next_"``
-            before the key, or before its first part if nested). ``next_desired_goal_key=None``: not stored.
+        next_achieved_goal_key, next_desired_goal_key: their twins after the step; by default (``None`` and
+            ``""``) ``"next_"`` before the key, or before its first part if nested (``("obs", "goal")`` ->
+            ``("next_obs", "goal")``). ``next_desired_goal_key=None``: no such key is stored.
         info_keys: stored keys whose row values fill each relabeled row's info dict (keyed by
             ``format_key``); empty dicts by default, as SB3 without ``copy_info_dict``.
         seed, shuffle, storage_dir, transition_keys, num_envs, rate_limiter: as :class:`~objectrl_buffer.ReplayBuffer`.

@@ -291,3 +291,18 @@ def test_episodes_longer_than_the_search_window() -> None:
     batch = relabeled(rb.sample(200))
     last = {e: b[1] for e, b in bounds(episodes).items()}
     assert [last[e] for e in batch["episode"].tolist()] == batch["desired_goal"][:, 0].tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("storing_device", ["cpu", "cuda"])
+def test_on_an_accelerator(storing_device: str) -> None:
+    rb = HerReplayBuffer("cuda", storing_device, 64, compute_reward=encoded_reward, seed=0, num_envs=1)
+    episodes = write_episodes(rb, LENGTHS, unfinished=2)
+    batch = rb.sample(50)
+    assert batch.device == torch.device("cuda", 0) and batch["reward"].device.type == "cuda"
+    ends = bounds(episodes)
+    for row_id, goal, episode in zip(
+        batch["next_achieved_goal"][10:, 0].tolist(), batch["desired_goal"][10:, 0].tolist(),
+        batch["episode"][10:].tolist(), strict=True,
+    ):  # fmt: skip
+        assert row_id <= goal <= ends[episode][1]
