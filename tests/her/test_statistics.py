@@ -44,7 +44,7 @@ def test_relabeled_goal_steps_are_uniform_over_the_allowed_steps(strategy: str) 
         virtual = batch[batch["desired_goal"][:, 0] != REAL_GOAL]
         start = first[virtual["episode"]]
         t, j = virtual["next_achieved_goal"][:, 0] - start, virtual["desired_goal"][:, 0] - start
-        cells.append((virtual["episode"] * 100 + t * 10 + j))  # episodes of at most 10 steps
+        cells.append(virtual["episode"] * 100 + t * 10 + j)  # episodes of at most 10 steps
     pairs = Counter({(c // 100, c // 10 % 10, c % 10): n for c, n in Counter(torch.cat(cells).tolist()).items()})
     assert sum(pairs.values()) >= 18_000
     expected: dict[tuple[int, ...], float] = {}
