@@ -39,14 +39,14 @@ def test_relabeled_goal_steps_are_uniform_over_the_allowed_steps(strategy: str) 
     episodes = write_episodes(rb, LENGTHS, unfinished=4)
     first = torch.tensor([episodes.index(e) for e in range(len(LENGTHS))])
     cells = []
-    for _ in range(20):
+    for _ in range(10):
         batch = rb.sample(1000)
         virtual = batch[batch["desired_goal"][:, 0] != REAL_GOAL]
         start = first[virtual["episode"]]
         t, j = virtual["next_achieved_goal"][:, 0] - start, virtual["desired_goal"][:, 0] - start
         cells.append(virtual["episode"] * 100 + t * 10 + j)  # episodes of at most 10 steps
     pairs = Counter({(c // 100, c // 10 % 10, c % 10): n for c, n in Counter(torch.cat(cells).tolist()).items()})
-    assert sum(pairs.values()) >= 18_000
+    assert sum(pairs.values()) >= 9_000
     expected: dict[tuple[int, ...], float] = {}
     dof = 0
     for episode, length in enumerate(LENGTHS):
