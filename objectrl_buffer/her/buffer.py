@@ -221,14 +221,19 @@ class HerReplayBuffer(ReplayBuffer):
                 "after more steps than an episode lasts"
             )
         generator = self.generator
-        steps, envs = draw_rows(drawable, k, generator)
-        stride = self.num_envs
-        batch = engine.read(rows.slots(steps * stride + envs))
-        n_virtual = int(self.her_ratio * k)
-        if n_virtual:
-            real = k - n_virtual
-            goals = draw_goal_steps(rows, steps[real:], envs[real:], self.goal_selection_strategy, generator)
-            self._relabel(batch, real, rows.slots(goals * stride + envs[real:]))
+        state = generator.get_state()  # restored if compute_reward fails: a failed call draws nothing
+        try:
+            steps, envs = draw_rows(drawable, k, generator)
+            stride = self.num_envs
+            batch = engine.read(rows.slots(steps * stride + envs))
+            n_virtual = int(self.her_ratio * k)
+            if n_virtual:
+                real = k - n_virtual
+                goals = draw_goal_steps(rows, steps[real:], envs[real:], self.goal_selection_strategy, generator)
+                self._relabel(batch, real, rows.slots(goals * stride + envs[real:]))
+        except BaseException:
+            generator.set_state(state)
+            raise
         return batch
 
     def _check_keys(self) -> None:

@@ -83,20 +83,25 @@ def _nearest_end(rows: StoredRows, steps: torch.Tensor, envs: torch.Tensor, dire
     (before) where there is none. Reads windows of ``FIRST_WINDOW`` steps, doubled until each one is found."""
     stride = rows.stride
     count = rows.size // stride
-    none = count if direction > 0 else -1
-    found = torch.full_like(steps, none)
-    pending = torch.arange(steps.numel(), device=steps.device)
+    found = torch.full_like(steps, count if direction > 0 else -1)
+    pending: torch.Tensor | None = None  # indices still searched after the first round (None: all)
     offset, width = 0, FIRST_WINDOW
-    while pending.numel():
-        window = steps[pending].unsqueeze(1) + direction * (offset + torch.arange(width, device=steps.device))
+    while True:
+        start, env = (steps, envs) if pending is None else (steps[pending], envs[pending])
+        window = start.unsqueeze(1) + direction * (offset + torch.arange(width, device=steps.device))
         inside = (window >= 0) & (window < count)
-        ends = rows.ends(window.clamp(0, count - 1) * stride + envs[pending].unsqueeze(1)) & inside
+        ends = rows.ends(window.clamp(0, count - 1) * stride + env.unsqueeze(1)) & inside
         hit = ends.any(1)
-        first = ends.to(torch.uint8).argmax(1)  # the first True of each row
-        found[pending[hit]] = window[hit, first[hit]]
-        pending = pending[~hit & inside[:, -1]]  # the rest left the stream: no end that way
+        nearest = window.gather(1, ends.to(torch.uint8).argmax(1, keepdim=True)).squeeze(1)  # at the first True
+        if pending is None:
+            found = torch.where(hit, nearest, found)
+        else:
+            found[pending] = torch.where(hit, nearest, found[pending])
+        more = ~hit & inside[:, -1]  # the others found one, or left the stream: no end that way
+        if not bool(more.any()):
+            return found
+        pending = more.nonzero().squeeze(1) if pending is None else pending[more]
         offset, width = offset + width, 2 * width
-    return found
 
 
 @dataclass(frozen=True)

@@ -236,10 +236,10 @@ def test_missing_keys_are_named_and_change_nothing() -> None:
         rb.sample(4)
     rb = her(16, transition_keys=None, next_achieved_goal_key="observation")
     write_episodes(rb, [3])
+    state = rb.generator.get_state()
     with pytest.raises(SchemaError, match=r"next_achieved_goal_key: .observation. stores .*float32"):
         rb.sample(4)
-    state = rb.generator.get_state()
-    assert len(rb) == 3 and torch.equal(rb.generator.get_state(), state)
+    assert len(rb) == 3 and torch.equal(rb.generator.get_state(), state)  # nothing drawn
 
 
 def test_episode_end_keys_must_be_stored() -> None:
@@ -252,8 +252,10 @@ def test_episode_end_keys_must_be_stored() -> None:
 def test_compute_reward_of_the_wrong_size_is_refused() -> None:
     rb = her(16, compute_reward=lambda a, d, i: [0.0])
     write_episodes(rb, [3])
+    state = rb.generator.get_state()
     with pytest.raises(SchemaError, match="compute_reward returned"):
         rb.sample(10)
+    assert torch.equal(rb.generator.get_state(), state)  # a failed sample draws nothing
 
 
 @pytest.mark.parametrize("kwargs", [{"n_step": 3}, {"recent": 5}])
