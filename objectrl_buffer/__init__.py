@@ -15,15 +15,19 @@ from objectrl_buffer.core.keys import DISCOUNT_KEY, INDEX_KEY, MASK_KEY, RESERVE
 if TYPE_CHECKING:
     from objectrl_buffer.core.schema import Field, Schema
     from objectrl_buffer.engine import Engine
+    from objectrl_buffer.her.buffer import HerReplayBuffer
     from objectrl_buffer.prioritized.buffer import PrioritizedReplayBuffer
     from objectrl_buffer.prioritized.index import torchrl_per_available
     from objectrl_buffer.replay_buffer import ReplayBuffer
+    from objectrl_buffer.sampling.her import GoalSelectionStrategy
     from objectrl_buffer.sampling.slices import TransitionKeys
     from objectrl_buffer.sampling.sum_tree import SumTree
 
 __all__ = [
     "ReplayBuffer",
     "PrioritizedReplayBuffer",
+    "HerReplayBuffer",
+    "GoalSelectionStrategy",
     "TransitionKeys",
     "SumTree",
     "torchrl_per_available",
@@ -45,6 +49,8 @@ __version__ = "0.1.0"
 _HOMES = {
     "ReplayBuffer": "objectrl_buffer.replay_buffer",
     "PrioritizedReplayBuffer": "objectrl_buffer.prioritized.buffer",
+    "HerReplayBuffer": "objectrl_buffer.her.buffer",
+    "GoalSelectionStrategy": "objectrl_buffer.sampling.her",
     "torchrl_per_available": "objectrl_buffer.prioritized.index",
     "TransitionKeys": "objectrl_buffer.sampling.slices",
     "SumTree": "objectrl_buffer.sampling.sum_tree",

@@ -207,9 +207,9 @@ def test_sampling_methods_are_annotated_to_return_tensordicts() -> None:
 
     from tensordict import TensorDict
 
-    from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
+    from objectrl_buffer import HerReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 
-    for cls in (ReplayBuffer, PrioritizedReplayBuffer):
+    for cls in (ReplayBuffer, PrioritizedReplayBuffer, HerReplayBuffer):
         for name in (
             "sample_batch",
             "sample",

@@ -25,6 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "reads": {"core", "storage", "sampling", "checkpoint", "engine"},
     "replay_buffer": {"core", "storage", "sampling", "checkpoint", "engine", "forks", "persistence", "reads"},
     "prioritized": {"core", "storage", "sampling", "checkpoint", "engine", "replay_buffer", "reads"},
+    "her": {"core", "storage", "sampling", "checkpoint", "engine", "replay_buffer", "reads"},
     "cli": {"core", "storage", "checkpoint"},
     "__init__": {"*"},
     "__main__": {"cli"},
@@ -32,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
 #: What any other folder (a room: tasks, trajectory, async_buffer, distributed, flow) may import.
 ROOM_ALLOWED = {"core", "storage", "sampling", "checkpoint", "engine", "flow"}
 #: Rooms beside the facade: none of them imports another.
-ROOMS = {"prioritized", "tasks", "trajectory", "async_buffer", "distributed", "flow"}
+ROOMS = {"prioritized", "her", "tasks", "trajectory", "async_buffer", "distributed", "flow"}
 #: CLI: rooms inside commands (fast --help); forks: the shared mode; others: the facade, for typing
 LAZY_OK = {"cli", "forks", "persistence", "reads"}
 
