@@ -304,7 +304,7 @@ class _Columns(Mapping[Key, Any]):
 class _FastRow:
     """The engine's per-step fast path (``storage.fast``) of a one-env CPU compact storage: the
     :class:`~objectrl_buffer.storage.fast_write.FastWriter` of the whole schema checks and converts a plain
-    input into a one-row scratch, then :meth:`CompactStorage._write_one` checks the overlap and stores it."""
+    input into a one-row scratch, then :meth:`CompactStorage.write_one` checks the overlap and stores it."""
 
     def __init__(self, storage: CompactStorage, schema: Schema) -> None:
         self.storage = storage
@@ -316,7 +316,7 @@ class _FastRow:
         storage = self.storage
         if self.writer is None or not storage.steps or not self.writer.write_row(data, 0, cast_ok):
             return False
-        storage._write_one(slot, self.rows)
+        storage.write_one(slot, self.rows)
         return True
 
     def write_batch(self, data: Any, ring: Any) -> int:
@@ -392,8 +392,16 @@ class CompactStorage:
         return table + self.step.numel() * 8 + sum(s.nbytes for s in self.streams.values())
 
     # ------------------------------------------------------------------ lifecycle
-    def initialize(self, schema: Schema, first_row: dict[Key, torch.Tensor], *, populate: bool = True) -> None:
-        """Check the claims against ``schema`` and allocate the table, frames and pools.
+    def initialize(
+        self,
+        schema: Schema,
+        first_row: dict[Key, torch.Tensor],
+        *,
+        populate: bool = True,
+        table: TransitionStorage | None = None,
+    ) -> None:
+        """Check the claims against ``schema`` and allocate the table, frames and pools. ``table``: take
+        this (restored) table of the other keys instead of allocating one (a checkpoint load).
 
         Raises:
             SchemaError: a claimed key is not written, a next key differs from its observed key in shape
@@ -421,11 +429,18 @@ class CompactStorage:
                 )
         observed = [f for f in schema.fields if f.key in stacks or f.key in {o for _, o in self.spec.next_of}]
         plain = [f for f in schema.fields if f.key not in self.spec.keys]
-        if plain:
+        if not plain:
+            raise SchemaError(
+                "next_of/frame_stack name every written key: a compact buffer needs at least one other key "
+                "(reward, action, terminated, ...)"
+            )
+        if table is not None:
+            if self.table is not None:
+                self.table.close()
+            self.table = table
+        else:
             assert self.table is not None
             self.table.initialize(Schema(plain), {f.key: first_row[f.key] for f in plain}, populate=populate)
-        else:
-            self.table = self.table.close() if self.table is not None else None
         for s in self.streams.values():
             s.close()
         self.streams = {}
@@ -476,7 +491,7 @@ class CompactStorage:
     def write(self, slot: int, pairs: list[tuple[Any, Any]]) -> None:
         """One checked row at ``slot`` (the ring's pointer)."""
         if self.num_envs == 1 and self.device.type == "cpu" and self.steps:
-            self._write_one(slot, {f.key: np.asarray(v) for f, v in pairs})
+            self.write_one(slot, {f.key: np.asarray(v) for f, v in pairs})
             return
         batch = [(f, torch.as_tensor(v, dtype=f.dtype).reshape(f.shape).unsqueeze(0)) for f, v in pairs]
         self.write_rows(slot, batch, first=0, n=1)
@@ -488,7 +503,7 @@ class CompactStorage:
                 ended |= values[key].to(self.device).reshape(rows, -1).ne(0).any(1)
         return ended
 
-    def _write_one(self, slot: int, values: Mapping[Key, np.ndarray]) -> None:
+    def write_one(self, slot: int, values: Mapping[Key, np.ndarray]) -> None:
         """:meth:`write_rows` of one row of one env on the CPU, in plain Python and NumPy (the per-step path).
         ``values``: the checked row, each key's value of its stored dtype and shape."""
         ended = False
