@@ -91,7 +91,8 @@ def adopt(rb: ReplayBuffer, restored: Restored) -> None:
     ``rb`` holds: the others become phantom rows, with a ``RuntimeWarning``), generator, ``shuffle`` and
     the state of each of its extras."""
     engine = rb.engine
-    if restored.storage is not None:  # into this buffer's form (compact or plain) before anything changes
+    table = restored.storage
+    if table is not None:  # into this buffer's form (compact or plain) before anything changes
         make = lambda spec: CompactStorage(  # noqa: E731
             restored.buffer_size,
             engine.storing_device,
@@ -103,7 +104,7 @@ def adopt(rb: ReplayBuffer, restored: Restored) -> None:
         try:
             restored = compact.convert(restored, engine.compact, make, engine.storage_dir)
         except BaseException:
-            restored.storage.close()
+            table.close()
             raise
         assert restored.storage is not None
         if engine.compact is not None and engine.storage.initialized:  # what load_checkpoint checks for plain ones

@@ -47,14 +47,12 @@ import torch
 from objectrl_buffer.core.schema import Field, Key, Schema, format_key
 from objectrl_buffer.errors import InvalidArgumentError, SchemaError
 from objectrl_buffer.storage.fast_write import FastWriter
-from objectrl_buffer.storage.frame_pool import FramePool
+from objectrl_buffer.storage.frame_stream import SUCCESSOR, FrameStream
 from objectrl_buffer.storage.table import TransitionStorage
 
 __all__ = ["CompactSpec", "CompactStorage", "VirtualColumn"]
 
-SUCCESSOR = -1  # a row's next value is its successor's observation
 _TRUE = torch.ones(1, 1, dtype=torch.bool)  # a failed single-row check, as _refuse takes it
-_ZERO = np.zeros(1, np.int64)
 
 
 @dataclass(frozen=True)
@@ -119,137 +117,6 @@ def _same(a: torch.Tensor, b: torch.Tensor, lead: int) -> torch.Tensor:
     """Per leading index (``lead`` dims), whether ``a`` and ``b`` hold the same bytes."""
     eq = _bits(a) == _bits(b)
     return eq.reshape(*eq.shape[:lead], -1).all(-1)
-
-
-class _Stream:
-    """One observed key: its frames, pool, per-row links and (at most one) next key."""
-
-    def __init__(self, field: Field, k: int, stacked: bool, nxt: Key | None, storage: CompactStorage) -> None:
-        self.field = field
-        self.key = field.key
-        self.k = k
-        self.stacked = stacked
-        self.next = nxt
-        cap, envs, device = storage.capacity, storage.num_envs, storage.device
-        self.envs = envs
-        self.frame_shape = field.shape[1:] if stacked else field.shape
-        # frame steps kept per env: the rows', the k - 1 older frames of the oldest row, and the next
-        # frame of the newest row (its next value's newest frame, written with it)
-        self.span = cap // envs + k
-        self.frames = TransitionStorage(self.span * envs, device, storage.directory)
-        frame_field = Field(field.key, self.frame_shape, field.dtype)
-        self.frames.initialize(Schema([frame_field]), {field.key: torch.zeros(self.frame_shape, dtype=field.dtype)})
-        self.frames.reserve_rows(self.span * envs)
-        self.column = self.frames.columns[self.key]
-        self.flat = self.column.view(self.span * envs, -1)
-        self.back = np.arange(k - 1, -1, -1)  # steps back of frame i of a stack
-        self.pool = FramePool(field.shape, field.dtype, device)
-        self.anchor = torch.full((cap,), -1, dtype=torch.int64, device=device)  # pool id of the episode start
-        self.distance = torch.zeros(cap, dtype=torch.int64, device=device)  # steps since that start
-        self.carry_id = torch.full((envs,), -1, dtype=torch.int64, device=device)  # the head rows' anchor
-        self.carry_step = torch.zeros(envs, dtype=torch.int64, device=device)
-        self.next_link = torch.full((cap,), SUCCESSOR, dtype=torch.int64, device=device)  # or a pool id
-        self.cpu = device.type == "cpu"
-        if self.cpu:  # the single-row path's views (shared memory with the tensors above)
-            self.np_flat = self.flat.numpy()
-            self.np = {n: getattr(self, n).numpy() for n in ("anchor", "distance", "carry_id", "carry_step")}
-            self.np["next_link"] = self.next_link.numpy()
-
-    @property
-    def nbytes(self) -> int:
-        per_row = self.anchor.numel() * 24
-        return self.frames.nbytes + self.pool.nbytes + per_row
-
-    def close(self) -> None:
-        self.frames.close()
-
-    def stack(
-        self, step: torch.Tensor, env: torch.Tensor, anchor: torch.Tensor, distance: torch.Tensor
-    ) -> torch.Tensor:
-        """The values ``[B, *shape]`` of rows of env steps ``step`` of envs ``env`` that are ``distance``
-        steps after the episode start in pool entry ``anchor`` (``-1``: more than ``k - 2`` steps)."""
-        if self.cpu:
-            out = self.stack_np(step.numpy(), env.numpy(), anchor.numpy(), distance.numpy())
-            return torch.from_numpy(out).view(-1, *self.field.shape)
-        span, envs, k = self.span, self.envs, self.k
-        back = torch.arange(k - 1, -1, -1, device=step.device)  # steps back of frame i
-        index = ((step.unsqueeze(1) - back) % span) * envs + env.unsqueeze(1)  # [B, k]
-        out = self.flat.index_select(0, index.reshape(-1))  # [B * k, frame bytes]
-        if k > 1:
-            need = (anchor >= 0).unsqueeze(1) & (back > distance.unsqueeze(1))  # [B, k]
-            if bool(need.any()):
-                row, i = need.nonzero(as_tuple=True)
-                pool = self.pool.data.view(-1, out.shape[1])
-                source = self.pool.slots(anchor[row]) * k + i + distance[row]
-                out.index_copy_(0, row * k + i, pool.index_select(0, source))
-        return out.view(-1, *self.field.shape)
-
-    def stack_np(self, step: np.ndarray, env: np.ndarray, anchor: np.ndarray, distance: np.ndarray) -> np.ndarray:
-        """:meth:`stack` on the CPU with NumPy (its ``take`` gathers image rows ~20x faster than torch's
-        ``index_select`` on a 2-core VM), as flat rows ``[B * k, frame elements]``."""
-        span, envs, k = self.span, self.envs, self.k
-        back = self.back
-        index = ((step[:, None] - back) % span) * envs + env[:, None]
-        out = self.np_flat.take(index.reshape(-1), axis=0)
-        if k > 1:
-            need = (anchor >= 0)[:, None] & (back > distance[:, None])
-            if need.any():
-                row, i = need.nonzero()
-                pool = self.pool.data.numpy().reshape(-1, out.shape[1])
-                out[row * k + i] = pool[(anchor[row] % self.pool.capacity) * k + i + distance[row]]
-        return out
-
-    def stored_one(self, step: int) -> np.ndarray:
-        """:meth:`head_next` of one env on the CPU as ``[k, frame elements]``: a view of the frames when
-        they lie in one piece and need nothing from the pool (the per-step path), else a copy."""
-        k, span = self.k, self.span
-        distance = step - int(self.np["carry_step"][0])
-        anchor = int(self.np["carry_id"][0]) if distance <= k - 2 else -1
-        low = (step - k + 1) % span
-        if anchor < 0 and low + k <= span:
-            return self.np_flat[low : low + k]
-        return self.stack_np(np.array([step]), _ZERO, np.array([anchor]), np.array([distance]))
-
-    def head_next(self, step: int) -> torch.Tensor:
-        """Per env ``[E, *shape]``, the stored value at env step ``step`` of the newest rows' episodes: their
-        next value (frames up to ``step`` are those of the newest rows and their next frame)."""
-        distance = step - self.carry_step
-        anchor = torch.where(distance <= self.k - 2, self.carry_id, -1)
-        step_of = torch.full((self.envs,), step, dtype=torch.int64, device=self.carry_step.device)
-        return self.stack(step_of, torch.arange(self.envs, device=step_of.device), anchor, distance)
-
-    def observed(self, slots: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-        """Rows ``slots`` (env steps ``step``) of the observed key."""
-        if self.cpu:
-            at = slots.numpy()
-            out = self.stack_np(step.numpy(), at % self.envs, self.np["anchor"][at], self.np["distance"][at])
-            return torch.from_numpy(out).view(-1, *self.field.shape)
-        return self.stack(
-            step, slots % self.envs, self.anchor.index_select(0, slots), self.distance.index_select(0, slots)
-        )
-
-    def next_value(self, slots: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-        """Rows ``slots`` of the next key: the observation of the step after (a pool entry at episode ends)."""
-        k = self.k
-        if self.cpu:
-            at = slots.numpy()
-            distance = self.np["distance"][at] + 1
-            anchor = np.where(distance <= k - 2, self.np["anchor"][at], -1)
-            out = self.stack_np(step.numpy() + 1, at % self.envs, anchor, distance).reshape(at.size, -1)
-            link = self.np["next_link"][at]
-            explicit = link >= 0
-            if explicit.any():
-                pool = self.pool.data.numpy().reshape(self.pool.capacity, -1)
-                out[explicit] = pool[link[explicit] % self.pool.capacity]
-            return torch.from_numpy(out).view(-1, *self.field.shape)
-        distance = self.distance.index_select(0, slots) + 1
-        anchor = torch.where(distance <= k - 2, self.anchor.index_select(0, slots), -1)
-        value = self.stack(step + 1, slots % self.envs, anchor, distance)
-        link = self.next_link.index_select(0, slots)
-        explicit = link >= 0
-        if bool(explicit.any()):
-            value[explicit] = self.pool.data.index_select(0, self.pool.slots(link[explicit]))
-        return value
 
 
 class VirtualColumn:
@@ -355,7 +222,7 @@ class CompactStorage:
         self.end_keys = tuple(end_keys)
         self.schema: Schema | None = None
         self.table: TransitionStorage | None = TransitionStorage(capacity, device, directory)
-        self.streams: dict[Key, _Stream] = {}
+        self.streams: dict[Key, FrameStream] = {}
         self.virtual: dict[Key, VirtualColumn] = {}
         self.columns: Mapping[Key, Any] = _Columns(self)
         self.fast: _FastRow | None = None
@@ -421,11 +288,11 @@ class CompactStorage:
                 raise SchemaError(
                     f"key '{key}': frame_stack says {k} frames along the first axis, got shape {tuple(shape)}"
                 )
-        for nxt, obs in self.spec.next_of:
-            a, b = by_key[nxt], by_key[obs]
+        for later, obs in self.spec.next_of:
+            a, b = by_key[later], by_key[obs]
             if a.shape != b.shape or a.dtype != b.dtype:
                 raise SchemaError(
-                    f"key '{nxt}': next_of says it is the next row's '{obs}' ({b.describe()}), got {a.describe()}"
+                    f"key '{later}': next_of says it is the next row's '{obs}' ({b.describe()}), got {a.describe()}"
                 )
         observed = [f for f in schema.fields if f.key in stacks or f.key in {o for _, o in self.spec.next_of}]
         plain = [f for f in schema.fields if f.key not in self.spec.keys]
@@ -447,7 +314,16 @@ class CompactStorage:
         self.observed_of: dict[Key, Key] = {n: o for n, o in self.spec.next_of}
         for f in observed:
             nxt = next((n for n, o in self.spec.next_of if o == f.key), None)
-            self.streams[f.key] = _Stream(f, stacks.get(str(f.key), 1), f.key in stacks, nxt, self)
+            self.streams[f.key] = FrameStream(
+                f,
+                stacks.get(str(f.key), 1),
+                f.key in stacks,
+                nxt,
+                capacity=self.capacity,
+                num_envs=self.num_envs,
+                device=self.device,
+                directory=self.directory,
+            )
         self.virtual = {f.key: VirtualColumn(self, f) for f in schema.fields if f.key in self.spec.keys}
         self.schema = schema
         self._reset_rows()
@@ -642,7 +518,7 @@ class CompactStorage:
 
     def _link_starts(
         self,
-        s: _Stream,
+        s: FrameStream,
         x: torch.Tensor,
         starts: torch.Tensor,
         step_of: torch.Tensor,
