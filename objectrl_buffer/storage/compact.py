@@ -36,6 +36,7 @@ Compression of frame chunks (zstd/lz4) is not done: it would put a decode on eve
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ import numpy as np
 import torch
 
 from objectrl_buffer.core.schema import Field, Key, Schema, format_key
-from objectrl_buffer.errors import InvalidArgumentError, SchemaError
+from objectrl_buffer.errors import ForkedBufferError, InvalidArgumentError, SchemaError
 from objectrl_buffer.storage.fast_write import FastWriter
 from objectrl_buffer.storage.frame_stream import SUCCESSOR, FrameStream, numpy_paths
 from objectrl_buffer.storage.table import TransitionStorage
@@ -227,6 +228,10 @@ class CompactStorage:
         self.columns: Mapping[Key, Any] = _Columns(self)
         self.fast: _FastRow | None = None
         self.closed = False
+        # Changes (writes, resets) so far, in memory a fork child shares: see _unchanged_since_fork()
+        self._owner = os.getpid()
+        self._changes = np.frombuffer(mmap.mmap(-1, 8), dtype=np.int64)
+        self._seen = 0  # the changes this process made or knows of
         self._reset_rows()
 
     def _reset_rows(self) -> None:
@@ -330,14 +335,35 @@ class CompactStorage:
         if numpy_paths(self.device) and self.num_envs == 1:
             self.fast = _FastRow(self, schema)
 
+    def _changed(self) -> None:
+        self._seen += 1
+        self._changes[0] = self._seen
+
+    def _unchanged_since_fork(self) -> None:
+        """In a process that inherited this storage through ``fork``: refuse to read once the parent has
+        written (or reset) it since. The frames are the parent's shared files, the links this process's
+        copy: rows rebuilt from both could be stacks that were never written.
+
+        Raises:
+            ForkedBufferError: the parent changed the rows since the fork.
+        """
+        if int(self._changes[0]) != self._seen:
+            raise ForkedBufferError(
+                "this compact (next_of/frame_stack) buffer was inherited through fork and the parent process has "
+                "written to it since: its rows cannot be read here. Share it before the fork "
+                "(objectrl_buffer.distributed.process.become_shared, or hand it to the Process) to read its rows"
+            )
+
     def release(self) -> None:
         """Drop the rows and the schema (``reset()``)."""
+        self._changed()
         if self.table is not None:
             self.table.release()
         self._drop_streams()
 
     def resize(self, capacity: int) -> None:
         """Drop the rows and take a new capacity."""
+        self._changed()
         self._drop_streams()
         self.capacity = capacity
         if self.table is not None:
@@ -402,6 +428,7 @@ class CompactStorage:
             if nx is not None and s.stacked and not ended and nx[:-1].tobytes() != x[1:].tobytes():
                 assert s.next is not None
                 self._refuse(_TRUE, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in")
+        self._changed()  # before and after the write: a fork child's read meanwhile sees a change
         oldest = step + 1 - self.capacity
         for key, s in self.streams.items():
             x = values[key]
@@ -427,6 +454,7 @@ class CompactStorage:
         self.step_np[slot] = step
         self.last_ended_np[0] = ended
         self.steps = step + 1
+        self._changed()
         table = self.table
         if table is not None:
             if table.arrays is None:
@@ -472,6 +500,7 @@ class CompactStorage:
             if s.stacked and s.k > 1:
                 bad = ~ended & ~_same(nx[:, :, :-1], x[:, :, 1:], 2)
                 self._refuse(bad, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in")
+        self._changed()  # before and after the write: a fork child's read meanwhile sees a change
         oldest = first_step + steps - cap // envs  # the oldest env step still held after this write
         kept = torch.arange(first, rows, device=device)
         slots = (start + kept - first) % cap
@@ -502,6 +531,7 @@ class CompactStorage:
         self.step[slots] = step_of.repeat_interleave(envs)[kept]
         self.last_ended.copy_(ended[-1])
         self.steps = first_step + steps
+        self._changed()
         if self.table is not None:
             plain = [(f, v) for f, v in pairs if f.key not in self.virtual]
             self.table.write_rows(start, plain, first, n)
@@ -545,7 +575,19 @@ class CompactStorage:
 
     # ------------------------------------------------------------------ reads
     def gather_key(self, key: Key, slots: torch.Tensor) -> torch.Tensor:
-        """Rows ``slots`` of one key (a new tensor on the storing device)."""
+        """Rows ``slots`` of one key (a new tensor on the storing device).
+
+        Raises:
+            ForkedBufferError: in a fork child, once the parent has changed the rows.
+        """
+        if os.getpid() != self._owner:
+            self._unchanged_since_fork()
+            value = self._gather_key(key, slots)
+            self._unchanged_since_fork()
+            return value
+        return self._gather_key(key, slots)
+
+    def _gather_key(self, key: Key, slots: torch.Tensor) -> torch.Tensor:
         if key in self.streams:
             return self.streams[key].observed(slots, self.step.index_select(0, slots))
         if key in self.virtual:
@@ -559,7 +601,7 @@ class CompactStorage:
         wanted = list(self.columns) if keys is None else keys
         plain = [k for k in wanted if k not in self.virtual]
         got = {} if not plain or self.table is None else self.table.gather(slots, plain)
-        return {k: got[k] if k in got else self.gather_key(k, slots) for k in wanted}
+        return {k: got[k] if k in got else self.gather_key(k, slots) for k in wanted}  # gather_key: fork check
 
     def gather_range(self, start: int, stop: int, keys: list[Key] | None = None) -> dict[Key, torch.Tensor]:
         return self.gather(torch.arange(start, stop, device=self.device), keys)
