@@ -47,7 +47,6 @@ import torch
 
 from objectrl_buffer.core.schema import Field, Key, Schema, format_key
 from objectrl_buffer.errors import ForkedBufferError, InvalidArgumentError, SchemaError
-from objectrl_buffer.storage.fast_write import FastWriter
 from objectrl_buffer.storage.frame_stream import SUCCESSOR, FrameStream, numpy_paths
 from objectrl_buffer.storage.table import TransitionStorage
 
@@ -169,22 +168,61 @@ class _Columns(Mapping[Key, Any]):
         return 0 if schema is None else len(schema.fields)
 
 
+def _nonzero(value: Any) -> bool:
+    """Whether a row's value of an episode-end key (a tensor, array or number) ends the episode."""
+    if isinstance(value, torch.Tensor):
+        return bool(value) if value.numel() == 1 else bool(value.any())
+    return bool(np.any(value))
+
+
 class _FastRow:
-    """The engine's per-step fast path (``storage.fast``) of a one-env CPU compact storage: the
-    :class:`~objectrl_buffer.storage.fast_write.FastWriter` of the whole schema checks and converts a plain
-    input into a one-row scratch, then :meth:`CompactStorage.write_one` checks the overlap and stores it."""
+    """The engine's per-step fast path (``storage.fast``) of a one-env CPU compact storage.
+
+    Takes a plain ``dict`` whose observed and next values are CPU tensors or arrays of exactly the stored
+    dtype and shape (used in place: no copy), checks the overlap (:meth:`CompactStorage.check_one`), writes
+    the other keys with the table's own :class:`~objectrl_buffer.storage.fast_write.FastWriter` (which checks
+    and converts them, or declines before writing), then stores the frames. Anything else declines
+    (``False``, nothing written) and the engine takes the checked path.
+    """
 
     def __init__(self, storage: CompactStorage, schema: Schema) -> None:
         self.storage = storage
-        scratch = {f.key: torch.zeros((1, *f.shape), dtype=f.dtype) for f in schema.fields}
-        self.writer = FastWriter.build(schema, scratch)
-        self.rows = {key: column.numpy()[0] for key, column in scratch.items()}
+        self.observed = {
+            f.key: (f.dtype, tuple(f.shape), np.dtype(str(f.dtype).removeprefix("torch.")))
+            for f in schema.fields
+            if f.key in storage.virtual
+        }
+        self.others = [f.key for f in schema.fields if f.key not in storage.virtual]
 
     def write_row(self, data: Any, slot: int, cast_ok: Container[Key]) -> bool:
         storage = self.storage
-        if self.writer is None or not storage.steps or not self.writer.write_row(data, 0, cast_ok):
+        table = storage.table
+        if type(data) is not dict or not storage.steps or table is None or table.fast is None:
             return False
-        storage.write_one(slot, self.rows)
+        values: dict[Key, Any] = {}
+        for key, (dtype, shape, np_dtype) in self.observed.items():
+            value = data.get(key)
+            if type(value) is torch.Tensor:
+                if value.dtype != dtype or value.shape != shape or value.device.type != "cpu":
+                    return False
+                value = value.detach().numpy()
+            elif type(value) is not np.ndarray or value.dtype != np_dtype or value.shape != shape:
+                return False
+            values[key] = value
+        others = {}
+        for key in self.others:
+            if key not in data:
+                return False
+            others[key] = data[key]
+        if len(data) != len(values) + len(others) + ("index" in data):
+            return False
+        ended = any(_nonzero(others[key]) for key in storage.end_keys if key in others)
+        storage.check_one(values, ended)
+        if slot >= table.reserved:
+            table.reserve_rows(slot + 1)
+        if not table.fast.write_row(others, slot, cast_ok):
+            return False
+        storage.store_one(slot, values, ended)
         return True
 
     def write_batch(self, data: Any, ring: Any) -> int:
@@ -407,15 +445,29 @@ class CompactStorage:
 
     def write_one(self, slot: int, values: Mapping[Key, np.ndarray]) -> None:
         """:meth:`write_rows` of one row of one env on the CPU, in plain Python and NumPy (the per-step path).
-        ``values``: the checked row, each key's value of its stored dtype and shape."""
-        ended = False
-        for key in self.end_keys:
-            if key in values:
-                value = values[key]
-                ended = ended or bool(value if value.size == 1 else value.any())
+        ``values``: the checked row, each key's value of its stored dtype and shape.
+
+        Raises:
+            SchemaError: as :meth:`write_rows` (nothing is stored).
+        """
+        ended = any(_nonzero(values[key]) for key in self.end_keys if key in values)
+        self.check_one(values, ended)
+        table = self.table
+        assert table is not None and table.schema is not None
+        if table.arrays is None:
+            table.write(slot, [(f, torch.from_numpy(np.ascontiguousarray(values[f.key]))) for f in table.schema.fields])
+        else:
+            if slot >= table.reserved:
+                table.reserve_rows(slot + 1)
+            for key, array in table.arrays.items():
+                array[slot] = values[key]
+        self.store_one(slot, values, ended)
+
+    def check_one(self, values: Mapping[Key, np.ndarray], ended: bool) -> None:
+        """Raise ``SchemaError`` if the observed and next values of one row (one env, CPU) break a claim."""
         linked = not self.last_ended_np[0]
         step = self.steps
-        for key, s in self.streams.items():  # every check before anything is written
+        for key, s in self.streams.items():
             x = values[key]
             nx = None if s.next is None else values[s.next]
             if linked:  # the previous row's next frame (or stack) is already stored: compare with it
@@ -428,6 +480,11 @@ class CompactStorage:
             if nx is not None and s.stacked and not ended and nx[:-1].tobytes() != x[1:].tobytes():
                 assert s.next is not None
                 self._refuse(_TRUE, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in")
+
+    def store_one(self, slot: int, values: Mapping[Key, np.ndarray], ended: bool) -> None:
+        """Store the frames and links of one checked row (:meth:`check_one`) at ``slot``; cannot fail."""
+        linked = not self.last_ended_np[0]
+        step = self.steps
         self._changed()  # before and after the write: a fork child's read meanwhile sees a change
         oldest = step + 1 - self.capacity
         for key, s in self.streams.items():
@@ -455,16 +512,6 @@ class CompactStorage:
         self.last_ended_np[0] = ended
         self.steps = step + 1
         self._changed()
-        table = self.table
-        if table is not None:
-            if table.arrays is None:
-                fields = [f for f in table.schema.fields] if table.schema is not None else []
-                table.write(slot, [(f, torch.from_numpy(np.ascontiguousarray(values[f.key]))) for f in fields])
-                return
-            if slot >= table.reserved:
-                table.reserve_rows(slot + 1)
-            for key, array in table.arrays.items():
-                array[slot] = values[key]
 
     @torch.no_grad()
     def write_rows(self, start: int, pairs: list[tuple[Any, Any]], first: int, n: int) -> None:
