@@ -455,7 +455,7 @@ def test_long_commands_are_left_to_the_tests_that_run_them(tmp_path: Path) -> No
     run = run_page(collect(page), tmp_path)
     assert run.ran == []
     assert [instead.split()[0] for _, instead in run.covered] == [
-        "tests/test_example_dqn.py",
+        "tests/test_main_job.py",
         "tests/test_install.py",
         ".ci/run",
         "tests/docs/test_site.py",
