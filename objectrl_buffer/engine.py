@@ -120,8 +120,11 @@ class Engine:
         return f"{rows}, pointer={ring.pointer}{envs}, {self.storing_device}->{self.device}, {keys}"
 
     # ------------------------------------------------------------------ writes
-    def add(self, transition: Transition) -> None:
+    def add(self, transition: Transition, timeout: float | None = None) -> None:
         """Store one transition (one env step of every env when ``num_envs > 1``) at the pointer.
+
+        ``timeout`` is accepted for the buffers' signature (``ReplayBuffer.add`` is this method on the
+        per-step path) and unused: an engine never waits; a rate limiter gates the buffer's methods.
 
         Raises:
             SchemaError: it does not fit the stored schema (nothing is stored).
