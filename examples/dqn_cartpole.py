@@ -49,17 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-import numpy as np
-import torch
-import torch.nn.functional as F
-from tensordict import TensorDict
-from torch import Tensor, nn
-from tqdm import tqdm
-
-from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.checkpoint.io import atomic_write
-
 SOLVED_RETURN = 195.0  # CartPole's classic "solved" threshold (mean over the last episodes)
 
 
@@ -141,6 +130,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (also off when not a TTY)")
     return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # --help and argument errors answer here, before torch and gymnasium load (seconds)
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from objectrl_buffer import ReplayBuffer
+from objectrl_buffer.checkpoint.io import atomic_write
 
 
 class QNetwork(nn.Module):
