@@ -372,7 +372,12 @@ class ReplayBuffer:
     def save(self, path: str | os.PathLike[str], data: bool = False, *, progress: bool | None = None) -> None:
         """Write ``path.metadata`` (ObjectRL's counters); ``data=True`` adds every row, the generator and
         :attr:`checkpoint_extras`, crash-safe (:mod:`~objectrl_buffer.checkpoint`). Raises
-        ``CheckpointError`` naming a destination that cannot be written; the previous checkpoint stays."""
+        ``CheckpointError`` naming a destination that cannot be written; the previous checkpoint stays.
+
+        ``progress``: a tqdm bar on stderr over the bytes of the rows written (``data=True`` only; described
+        ``saving <data folder>``), shown once a save has lasted half a second and removed when it ends.
+        ``None`` (default): only when stderr is a terminal and no ``CI`` variable is set; ``True``: always
+        (needs ``tqdm``, the ``examples`` extra; silently none without it); ``False``: never."""
         persistence.save(self, path, data, progress)
 
     def load(self, path: str | os.PathLike[str], *, verify: bool = True, progress: bool | None = None) -> None:
@@ -380,7 +385,11 @@ class ReplayBuffer:
         (rows this buffer does not hold are never returned; a ``RuntimeWarning`` says how many); a full
         checkpoint, rows, ring, schema, generator and extras (``verify``: check every crc32). Raises
         ``CheckpointError``/``CheckpointNotFoundError``, the buffer unchanged, for a missing, damaged or
-        not fitting checkpoint (a buffer holding rows takes only its own capacity, schema, ``num_envs``)."""
+        not fitting checkpoint (a buffer holding rows takes only its own capacity, schema, ``num_envs``).
+
+        ``progress``: a tqdm bar on stderr over the bytes read from a full checkpoint's data folder
+        (``loading <data folder>``; a metadata-only load has none), shown once the load has lasted half a
+        second. ``None``/``True``/``False`` as for :meth:`save`."""
         persistence.load(self, path, verify, progress)
 
     @classmethod
@@ -395,7 +404,8 @@ class ReplayBuffer:
         **kwargs: Any,
     ) -> RB:
         """A new buffer holding the checkpoint at ``path`` (devices: the saved ones where available; saved
-        settings such as ``num_envs`` or PER's ``alpha`` fill in ``kwargs``). Raises as :meth:`load`."""
+        settings such as ``num_envs`` or PER's ``alpha`` fill in ``kwargs``). ``progress``: as :meth:`load`.
+        Raises as :meth:`load`."""
         return persistence.from_checkpoint(cls, path, device, storing_device, verify, progress, kwargs)
 
     def state_dict(self) -> dict[str, Any]:
