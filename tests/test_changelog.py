@@ -4,7 +4,6 @@ release of CHANGELOG.md (Keep a Changelog: ``## [X.Y.Z] - YYYY-MM-DD`` under ``#
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import objectrl_buffer
@@ -18,7 +17,8 @@ def releases() -> list[tuple[str, str]]:
 
 
 def test_version_matches_pyproject_and_the_newest_changelog_release() -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    # tomllib is Python 3.11+ (the package supports 3.10): the one line of [project] that holds the version
+    (project,) = re.findall(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
     newest, _ = releases()[0]
     assert objectrl_buffer.__version__ == project == newest
 

@@ -192,7 +192,8 @@ def test_metadata_only_save_is_unchanged_objectrl_format(tmp_path: Path) -> None
     assert meta == {**ring, "format": "objectrl_buffer", "format_version": 1, "metadata_crc32": meta["metadata_crc32"]}
     assert sorted(os.listdir(tmp_path)) == ["run.metadata", "storage"]
     fresh = ReplayBuffer("cpu", "cpu", 3, storage_dir=tmp_path / "storage")
-    fresh.load(tmp_path / "run")  # ObjectRL semantics: counters only, capacity adopted
+    with pytest.warns(RuntimeWarning, match="metadata-only checkpoint"):
+        fresh.load(tmp_path / "run")  # ObjectRL semantics: counters only, capacity adopted
     assert (len(fresh), fresh.pointer, fresh.buffer_size, fresh.schema) == (8, 5, 8, None)
 
 
