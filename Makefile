@@ -13,7 +13,7 @@ DOCS_STAMP   = $(VENV)/.installed-docs
 # mode installs an import hook that only the interpreter sees)
 EDITABLE     = --config-settings editable_mode=compat
 
-.PHONY: setup train test lint clean docs
+.PHONY: setup train test test-all lint clean docs
 
 $(STAMP): pyproject.toml .ci/constraints-cpu.txt .ci/torch_index.py
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ test: $(RAY_STAMP) $(DOCS_STAMP)
 	$(PY) -m ruff check objectrl_buffer tests examples benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+# everything `make test` runs, plus the slow and soak cases (@pytest.mark.slow, run when RUN_SLOW=1)
+test-all: $(RAY_STAMP) $(DOCS_STAMP)
+	$(PY) -m ruff check objectrl_buffer tests examples benchmarks
+	$(PY) -m mypy
+	RUN_SLOW=1 $(PY) -m pytest -q
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache docs/_build

@@ -11,22 +11,18 @@ import argparse
 import multiprocessing
 import random
 import time
+from typing import TYPE_CHECKING
 
-from objectrl_buffer.tasks import (
-    DataRow,
-    Experience,
-    ExpMeta,
-    QueryBuilder,
-    SharedTaskStorage,
-    TaskReplayBuffer,
-    TensorDictConverter,
-)
+if TYPE_CHECKING:
+    from objectrl_buffer.tasks import TaskReplayBuffer
 
 TOOLS = ["search", "calculator", "browser", "python"]
 
 
 def run_worker(buffer: TaskReplayBuffer, worker: int, tasks: int, steps: int) -> None:
     """One rollout worker: each task is a short conversation between a planner and a tool-using agent."""
+    from objectrl_buffer.tasks import DataRow, Experience, ExpMeta
+
     rng = random.Random(worker)
     for t in range(tasks):
         task_id = f"worker{worker}-task{t}"
@@ -50,11 +46,16 @@ def run_worker(buffer: TaskReplayBuffer, worker: int, tasks: int, steps: int) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--tasks", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=6)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--workers", type=int, default=4, help="writer processes (spawned), each runs --tasks tasks")
+    parser.add_argument("--tasks", type=int, default=8, help="tasks per worker (web_qa and math in turn)")
+    parser.add_argument("--steps", type=int, default=6, help="steps per task, each stored as one row")
     args = parser.parse_args()
+
+    # after parsing: --help answers without loading torch
+    from objectrl_buffer.tasks import QueryBuilder, SharedTaskStorage, TaskReplayBuffer, TensorDictConverter
 
     buffer = TaskReplayBuffer(SharedTaskStorage(max_capacity=10_000), seed=0)
     ctx = multiprocessing.get_context("spawn")  # also works with "fork" and "forkserver"

@@ -57,20 +57,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-import numpy as np
-import ray
-import torch
-import torch.nn.functional as F
-from tensordict import TensorDict
-from torch import Tensor, nn
-from tqdm import tqdm
-
-from objectrl_buffer import PrioritizedReplayBuffer
-from objectrl_buffer.distributed import RemoteBuffer
-from objectrl_buffer.errors import RateLimitTimeout
-from objectrl_buffer.flow import SampleToInsertRatio
-
 SOLVED_RETURN = 195.0  # CartPole's classic "solved" threshold (mean over the last episodes)
 # --server-limiter: how long one draw waits for the limiter before the learner looks whether the actors are done
 SAMPLE_TIMEOUT_S = 0.5
@@ -134,6 +120,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.min_size < args.batch_size or args.min_size > args.total_steps:
         p.error("--min-size must lie in [--batch-size, --total-steps]")
     return args
+
+
+if __name__ == "__main__":
+    parse_args()  # --help and argument errors answer here, before torch and gymnasium load (seconds)
+
+import gymnasium as gym
+import numpy as np
+import ray
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from objectrl_buffer import PrioritizedReplayBuffer
+from objectrl_buffer.distributed import RemoteBuffer
+from objectrl_buffer.errors import RateLimitTimeout
+from objectrl_buffer.flow import SampleToInsertRatio
 
 
 class QNetwork(nn.Module):

@@ -16,6 +16,22 @@ import argparse
 import asyncio
 import time
 
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Rollout -> reward -> two trainers, through one AsyncSequenceBuffer.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--batches", type=int, default=20, help="batches per rollout worker")
+    parser.add_argument("--size", type=int, default=16, help="sequences per batch (and per trainer batch)")
+    parser.add_argument("--max-size", type=int, default=256, help="sequences the buffer holds before put waits")
+    parser.add_argument("--save", default=None, help="save the (drained) buffer here at the end")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # --help and argument errors answer here, before torch loads (seconds)
+
 import torch
 
 from objectrl_buffer.async_buffer import AsyncSequenceBuffer, BufferFull, Consumer
@@ -76,12 +92,7 @@ async def main(batches: int, size: int, max_size: int) -> tuple[AsyncSequenceBuf
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="rollout -> reward -> two trainers through AsyncSequenceBuffer")
-    parser.add_argument("--batches", type=int, default=20, help="batches per rollout worker")
-    parser.add_argument("--size", type=int, default=16, help="sequences per batch (and per trainer batch)")
-    parser.add_argument("--max-size", type=int, default=256)
-    parser.add_argument("--save", default=None, help="save the (drained) buffer here at the end")
-    args = parser.parse_args()
+    args = parse_args()
     buf, seen, seconds = asyncio.run(main(args.batches, args.size, args.max_size))
     total = 3 * args.batches * args.size
     for name, ids in seen.items():

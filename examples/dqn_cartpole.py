@@ -65,24 +65,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# One code path for MKL, torch's matrix multiply on x86: by default it picks its kernels by CPU (Intel or
-# AMD, AVX2 or AVX-512) and they round differently; the differences grow over training until a greedy action
-# flips and the curve departs. COMPATIBLE is MKL's "conditional numerical reproducibility" branch: the same
-# results on any x86-64 CPU for a fixed thread count. MKL reads it once, at its first call, so it is set here,
-# before torch is imported (see "Reproducible" above).
-os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
-
-import gymnasium as gym
-import numpy as np
-import torch
-import torch.nn.functional as F
-from tensordict import TensorDict
-from torch import Tensor, nn
-from tqdm import tqdm
-
-from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.checkpoint.io import atomic_write
-
 SOLVED_RETURN = 195.0  # CartPole's classic "solved" threshold (mean over the last episodes)
 #: ``--short-reference`` without a path writes here; tests/test_main_job.py re-runs it and compares.
 SHORT_REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "dqn_cartpole_short.json"
@@ -185,6 +167,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "its record to PATH (default: docs/dqn_cartpole_short.json), which tests/test_main_job.py compares with",
     )
     return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # --help and argument errors answer here, before torch and gymnasium load (seconds)
+
+# One code path for MKL, torch's matrix multiply on x86: by default it picks its kernels by CPU (Intel or
+# AMD, AVX2 or AVX-512) and they round differently; the differences grow over training until a greedy action
+# flips and the curve departs. COMPATIBLE is MKL's "conditional numerical reproducibility" branch: the same
+# results on any x86-64 CPU for a fixed thread count. MKL reads it once, at its first call, so it is set here,
+# before torch is imported (see "Reproducible" above).
+os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from objectrl_buffer import ReplayBuffer
+from objectrl_buffer.checkpoint.io import atomic_write
 
 
 class QNetwork(nn.Module):

@@ -13,20 +13,14 @@ The buffer is used as RLinf's embodied trainers use theirs:
     python examples/trajectory_ppo.py                       # a few minutes on one CPU core
     python examples/trajectory_ppo.py --storage-dir runs/ppo_rollouts --capacity 200000
 
-Prints the mean return of the last 20 finished episodes every 10 iterations, and at the end.
+Prints the mean return of the last 20 finished episodes and the time so far after every iteration, and a
+summary at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-
-import gymnasium as gym
-import numpy as np
-import torch
-from torch import nn
-
-from objectrl_buffer.trajectory import Trajectory, TrajectoryReplayBuffer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,10 +32,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=1, help="sample from the newest N rollouts (0: all)")
     p.add_argument("--chunks", type=int, default=256, help="transitions per gradient step")
     p.add_argument("--updates", type=int, default=16, help="gradient steps per iteration")
-    p.add_argument("--lr", type=float, default=2.5e-3)
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--lam", type=float, default=0.95)
-    p.add_argument("--clip", type=float, default=0.2)
+    p.add_argument("--lr", type=float, default=2.5e-3, help="Adam learning rate")
+    p.add_argument("--gamma", type=float, default=0.99, help="discount factor")
+    p.add_argument("--lam", type=float, default=0.95, help="GAE lambda")
+    p.add_argument("--clip", type=float, default=0.2, help="PPO's ratio clip epsilon")
     p.add_argument(
         "--capacity",
         type=int,
@@ -50,6 +44,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--storage-dir", default=None, help="persist rollouts here (RLinf's folder format)")
     return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # --help and argument errors answer here, before torch and gymnasium load (seconds)
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from objectrl_buffer.trajectory import Trajectory, TrajectoryReplayBuffer
 
 
 class ActorCritic(nn.Module):
@@ -152,9 +157,12 @@ def main(argv: list[str] | None = None) -> float:
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
                 optim.step()
-            if (it + 1) % 10 == 0:
-                recent = episode_returns[-20:]
-                print(f"iteration {it + 1}: mean return (last 20 episodes) {np.mean(recent) if recent else 0:.1f}")
+            recent = episode_returns[-20:]
+            print(
+                f"iteration {it + 1}/{args.iterations}: mean return (last 20 episodes) "
+                f"{np.mean(recent) if recent else 0:.1f}, {time.perf_counter() - start:.1f} s",
+                flush=True,  # progress as it comes, also when piped
+            )
         buffer.flush()
         stats = buffer.get_stats()
     finally:

@@ -43,7 +43,7 @@ __all__ = [
     "__version__",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: Where each public name lives: imported by :func:`__getattr__` when first asked for.
 _HOMES = {

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, cast
 
@@ -30,12 +31,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import RandomSampler, RoundRobinWriter, TensorDictReplayBuffer
 
-from objectrl_buffer.core.envs import check_env_step, flatten_steps
+from objectrl_buffer.core.envs import check_env_step, flatten_steps, vector_step_size
 from objectrl_buffer.core.keys import INDEX_KEY
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import Key, Schema, format_key, require_mapping
 from objectrl_buffer.core.validate import slot_indices
-from objectrl_buffer.errors import ConcurrentUseError, EmptyBufferError, InvalidArgumentError
+from objectrl_buffer.errors import ConcurrentUseError, EmptyBufferError, InvalidArgumentError, VectorStepWarning
 from objectrl_buffer.sampling.nstep import n_step_targets
 from objectrl_buffer.sampling.slices import TransitionKeys
 from objectrl_buffer.storage import torchrl_compat
@@ -97,6 +98,7 @@ class Engine:
         self.storage = self.new_storage(capacity, storage_dir)
         self.staging = self._new_staging()
         self.cast_warned: set[Key] = set()  # keys whose tensors were cast/reshaped: CastWarning once each
+        self.vector_warned = False  # VectorStepWarning given (once per engine)
         self.generation = 0
         self._view: TensorDictReplayBuffer | None = None
 
@@ -142,8 +144,11 @@ class Engine:
         return f"{rows}, pointer={ring.pointer}{envs}, {self.storing_device}->{self.device}, {keys}"
 
     # ------------------------------------------------------------------ writes
-    def add(self, transition: Transition) -> None:
+    def add(self, transition: Transition, timeout: float | None = None) -> None:
         """Store one transition (one env step of every env when ``num_envs > 1``) at the pointer.
+
+        ``timeout`` is accepted for the buffers' signature (``ReplayBuffer.add`` is this method on the
+        per-step path) and unused: an engine never waits; a rate limiter gates the buffer's methods.
 
         Raises:
             SchemaError: it does not fit the stored schema (nothing is stored).
@@ -193,6 +198,8 @@ class Engine:
         storage = self.storage
         if storage.schema is None:
             schema, values = Schema.infer(transition, batch_dims=0)
+            if self.num_envs == 1 and not getattr(self, "vector_warned", False):  # first write only: off the hot path
+                self._warn_vector_step(values)
             storage.initialize(schema, values)
             pairs: list[tuple[Any, Any]] = [(schema.by_key[k], v) for k, v in values.items()]
         else:
@@ -200,6 +207,20 @@ class Engine:
         storage.write(ring.pointer, pairs)
         ring.advance(1)
         ring.done += 1
+
+    def _warn_vector_step(self, values: Mapping[Key, torch.Tensor]) -> None:
+        envs = vector_step_size(values)
+        if envs:
+            self.vector_warned = True
+            shapes = ", ".join(f"'{format_key(k)}' {tuple(v.shape)}" for k, v in list(values.items())[:4])
+            warnings.warn(
+                VectorStepWarning(
+                    f"the first add() of this num_envs=1 buffer looks like one step of {envs} vector envs "
+                    f"(every key has a leading {envs}: {shapes}): each row would hold all {envs} envs and "
+                    f"n-step returns and slices would mix them. Build the buffer with num_envs={envs}"
+                ),
+                stacklevel=4,  # the caller of add() (add is bound to Engine.add)
+            )
 
     def add_batch(self, batch: Transition, *, steps: bool = True) -> tuple[int, int]:
         """Store ``N`` rows at the pointer (wrapping); return ``(start, kept)``: the rows kept went to

@@ -19,6 +19,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "CastWarning",
+    "VectorStepWarning",
     "BufferFull",
     "InconsistentStateError",
     "QueryError",
@@ -132,6 +133,15 @@ class CastWarning(UserWarning):
     """A tensor was stored in a column of another dtype or per-row shape (a lossless cast or a reshape
     over size-1 dimensions). Issued once per key per buffer; NumPy values and Python numbers, which
     never carry a column's exact type, are cast without it."""
+
+
+class VectorStepWarning(UserWarning):
+    """The first write of a ``num_envs=1`` buffer looks like one step of ``E`` vector envs: every key has
+    the same leading size ``E > 1``, the per-step scalars (``reward``, ``terminated``, ``truncated``,
+    ``done``) included. Each row would then hold all ``E`` envs, and n-step returns and slices would mix
+    them: build the buffer with ``num_envs=E`` (or write ``add_batch`` rows). Issued once per buffer, at
+    its first write; silence it with ``warnings.filterwarnings("ignore", category=VectorStepWarning)``
+    when rows of ``E`` really are one transition."""
 
 
 class QueryError(ReplayBufferError, ValueError):

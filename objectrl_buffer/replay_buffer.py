@@ -23,7 +23,7 @@ from objectrl_buffer import forks, persistence, reads
 from objectrl_buffer.checkpoint.compact import CompactSettings
 from objectrl_buffer.checkpoint.extras import ExtraState
 from objectrl_buffer.core import validate
-from objectrl_buffer.core.schema import Key
+from objectrl_buffer.core.schema import Key, Schema
 from objectrl_buffer.core.seeding import derived_seed
 from objectrl_buffer.core.validate import env_multiple, positive_int
 from objectrl_buffer.engine import Engine, Slots, Transition
@@ -69,7 +69,6 @@ class ReplayBuffer:
             ride in full checkpoints. ``None``: no limit.
 
     Attributes:
-        nbytes: bytes the stored rows take (all keys, frames and bookkeeping; 0 before the first write).
         device, storing_device, buffer_size, data_size, pointer: as ObjectRL's (``pointer`` is the
             next slot written). epoch_iterator: what :meth:`get_next_batch` draws from, or ``None``.
         checkpoint_extras: :class:`~objectrl_buffer.checkpoint.extras.ExtraState` objects whose state
@@ -138,19 +137,52 @@ class ReplayBuffer:
             self.__dict__["add"] = self._engine.add
 
     # ------------------------------------------------------------------ ObjectRL attributes
-    device = property(lambda self: self._engine.device, doc="Where samples are delivered.")
-    storing_device = property(lambda self: self._engine.storing_device, doc="Where rows live.")
-    storage_dir = property(lambda self: self._engine.storage_dir, doc="Parent folder of the CPU files, if given.")
-    num_envs = property(lambda self: self._engine.num_envs, doc="Envs written together (see the class docs).")
-    buffer_size = property(lambda self: self._engine.ring.capacity, doc="Capacity in transitions.")
-    data_size = property(lambda self: self._engine.ring.size, doc="Stored transitions (ObjectRL's counter).")
-    pointer = property(lambda self: self._engine.ring.pointer, doc="The next slot written.")
+    @property
+    def device(self) -> torch.device:
+        """Where samples are delivered."""
+        return self._engine.device
+
+    @property
+    def storing_device(self) -> torch.device:
+        """Where rows live."""
+        return self._engine.storing_device
+
+    @property
+    def storage_dir(self) -> str | os.PathLike[str] | None:
+        """Parent folder of the CPU files, if given."""
+        return self._engine.storage_dir
+
+    @property
+    def num_envs(self) -> int:
+        """Envs written together (see the class docs)."""
+        return self._engine.num_envs
+
+    @property
+    def buffer_size(self) -> int:
+        """Capacity in transitions."""
+        return self._engine.ring.capacity
+
+    @property
+    def data_size(self) -> int:
+        """Stored transitions (ObjectRL's counter)."""
+        return self._engine.ring.size
+
+    @property
+    def pointer(self) -> int:
+        """The next slot written."""
+        return self._engine.ring.pointer
+
     size = data_size
-    schema = property(lambda self: self._engine.schema, doc="Stored keys, row shapes and dtypes (or ``None``).")
-    nbytes = property(
-        lambda self: self._engine.storage.nbytes,
-        doc="Bytes the stored rows take: every key's storage, frames and bookkeeping (0 before the first write).",
-    )
+
+    @property
+    def schema(self) -> Schema | None:
+        """Stored keys, row shapes and dtypes (or ``None``)."""
+        return self._engine.schema
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the stored rows take: every key's storage, frames and bookkeeping (0 before the first write)."""
+        return int(self._engine.storage.nbytes)
 
     @property
     def engine(self) -> Engine:
@@ -204,9 +236,12 @@ class ReplayBuffer:
         persistence.from_copy_state(self, state)
 
     # ------------------------------------------------------------------ writes
-    def add(self, transition: Transition) -> None:
+    def add(self, transition: Transition, *, timeout: float | None = None) -> None:
         """Store one transition (``[num_envs]`` with ``num_envs > 1``) at ``pointer``: a ``TensorDict``
         of batch size ``[]`` or a mapping of tensors, NumPy values and numbers (``"index"`` is ignored).
+
+        ``timeout``: with a ``rate_limiter``, the most seconds to wait for admission (``None``: no limit;
+        ``RateLimitTimeout`` past it, nothing written); without one nothing waits and it is ignored.
 
         Raises:
             SchemaError: it does not fit the stored schema beyond a lossless cast or size-1 reshape
@@ -218,22 +253,30 @@ class ReplayBuffer:
         """
         self._engine.add(transition)
 
-    def add_batch(self, batch: Transition) -> None:
+    def add_batch(self, batch: Transition, *, timeout: float | None = None) -> None:
         """Store ``N`` transitions (``[T, num_envs]`` with ``num_envs > 1``) at ``pointer, pointer + 1, ...``;
-        ``N > buffer_size`` keeps the newest. Raises as :meth:`add`, also for keys that disagree on ``N``."""
+        ``N > buffer_size`` keeps the newest. ``timeout``: as :meth:`add` (the batch is admitted whole).
+        Raises as :meth:`add`, also for keys that disagree on ``N``."""
         self._engine.add_batch(batch)
 
-    def extend(self, batch: Transition) -> None:
+    def extend(self, batch: Transition, *, timeout: float | None = None) -> None:
         """Alias of :meth:`add_batch` (torchrl's and Stable-Baselines3's name)."""
-        self.add_batch(batch)
+        self.add_batch(batch, timeout=timeout)
 
     # ------------------------------------------------------------------ sampling
     def sample_batch(
-        self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
+        self,
+        batch_size: int,
+        *,
+        n_step: int | None = None,
+        gamma: float = 0.99,
+        recent: int | None = None,
+        timeout: float | None = None,
     ) -> TensorDict:
         """``batch_size`` rows drawn uniformly with replacement, with ``"index"``. ``n_step`` (1 included):
         n-step returns stopping at an episode end or the newest row, plus ``discount = gamma ** steps``
         (:mod:`~objectrl_buffer.sampling.nstep`); ``recent``: only the newest rows (whole env steps).
+        ``timeout``: as :meth:`add`, for the ``batch_size`` samples a ``rate_limiter`` admits.
 
         Raises:
             EmptyBufferError: no rows. InvalidArgumentError: a bad argument. SchemaError: a missing n-step key.
@@ -246,10 +289,16 @@ class ReplayBuffer:
         return reads.transitions(self, k, n_step, gamma, recent)
 
     def sample(
-        self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
+        self,
+        batch_size: int,
+        *,
+        n_step: int | None = None,
+        gamma: float = 0.99,
+        recent: int | None = None,
+        timeout: float | None = None,
     ) -> TensorDict:
         """Alias of :meth:`sample_batch` (torchrl's and Stable-Baselines3's name)."""
-        return self.sample_batch(batch_size, n_step=n_step, gamma=gamma, recent=recent)
+        return self.sample_batch(batch_size, n_step=n_step, gamma=gamma, recent=recent, timeout=timeout)
 
     def sample_random(self, batch_size: int) -> TensorDict:
         """Alias of :meth:`sample_batch` (ObjectRL's name)."""
@@ -342,7 +391,12 @@ class ReplayBuffer:
     def save(self, path: str | os.PathLike[str], data: bool = False, *, progress: bool | None = None) -> None:
         """Write ``path.metadata`` (ObjectRL's counters); ``data=True`` adds every row, the generator and
         :attr:`checkpoint_extras`, crash-safe (:mod:`~objectrl_buffer.checkpoint`). Raises
-        ``CheckpointError`` naming a destination that cannot be written; the previous checkpoint stays."""
+        ``CheckpointError`` naming a destination that cannot be written; the previous checkpoint stays.
+
+        ``progress``: a tqdm bar on stderr over the bytes of the rows written (``data=True`` only; described
+        ``saving <data folder>``), shown once a save has lasted half a second and removed when it ends.
+        ``None`` (default): only when stderr is a terminal and no ``CI`` variable is set; ``True``: always
+        (needs ``tqdm``, the ``examples`` extra; silently none without it); ``False``: never."""
         persistence.save(self, path, data, progress)
 
     def load(self, path: str | os.PathLike[str], *, verify: bool = True, progress: bool | None = None) -> None:
@@ -350,7 +404,11 @@ class ReplayBuffer:
         (rows this buffer does not hold are never returned; a ``RuntimeWarning`` says how many); a full
         checkpoint, rows, ring, schema, generator and extras (``verify``: check every crc32). Raises
         ``CheckpointError``/``CheckpointNotFoundError``, the buffer unchanged, for a missing, damaged or
-        not fitting checkpoint (a buffer holding rows takes only its own capacity, schema, ``num_envs``)."""
+        not fitting checkpoint (a buffer holding rows takes only its own capacity, schema, ``num_envs``).
+
+        ``progress``: a tqdm bar on stderr over the bytes read from a full checkpoint's data folder
+        (``loading <data folder>``; a metadata-only load has none), shown once the load has lasted half a
+        second. ``None``/``True``/``False`` as for :meth:`save`."""
         persistence.load(self, path, verify, progress)
 
     @classmethod
@@ -365,7 +423,8 @@ class ReplayBuffer:
         **kwargs: Any,
     ) -> RB:
         """A new buffer holding the checkpoint at ``path`` (devices: the saved ones where available; saved
-        settings such as ``num_envs`` or PER's ``alpha`` fill in ``kwargs``). Raises as :meth:`load`."""
+        settings such as ``num_envs`` or PER's ``alpha`` fill in ``kwargs``). ``progress``: as :meth:`load`.
+        Raises as :meth:`load`."""
         return persistence.from_checkpoint(cls, path, device, storing_device, verify, progress, kwargs)
 
     def state_dict(self) -> dict[str, Any]:

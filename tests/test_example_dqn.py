@@ -72,8 +72,9 @@ def test_save_then_resume_from_metadata(
 
     second = tmp_path / "second"
     capsys.readouterr()
-    dqn.main(tiny(tmp_path, "--plot", "", "--total-steps", "200", "--resume-metadata", str(first),
-                  "--save", str(second), *flag))  # fmt: skip
+    with pytest.warns(RuntimeWarning, match="metadata-only checkpoint"):  # ObjectRL's resume: counters, no rows
+        dqn.main(tiny(tmp_path, "--plot", "", "--total-steps", "200", "--resume-metadata", str(first),
+                      "--save", str(second), *flag))  # fmt: skip
     out = capsys.readouterr().out
 
     assert "global steps 300 -> 500" in out
@@ -128,7 +129,10 @@ def test_resume_continues_with_the_saved_rows_and_learns_at_once(
 def test_resume_needs_the_rows(dqn: ModuleType, tmp_path: Path) -> None:
     first = tmp_path / "first"
     dqn.main(tiny(tmp_path, "--plot", "", "--total-steps", "100", "--save", str(first), "--no-save-data"))
-    with pytest.raises(SystemExit, match=r"holds counters but no rows .* use --resume-metadata"):
+    with (
+        pytest.raises(SystemExit, match=r"holds counters but no rows .* use --resume-metadata"),
+        pytest.warns(RuntimeWarning, match="metadata-only checkpoint"),
+    ):
         dqn.main(tiny(tmp_path, "--plot", "", "--resume", str(first)))
     with pytest.raises(SystemExit) as usage:  # one kind of resume at a time
         dqn.main(tiny(tmp_path, "--plot", "", "--resume", str(first), "--resume-metadata", str(first)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import warnings
 from typing import Any
 
 import numpy as np
@@ -482,5 +483,58 @@ def test_a_metadata_only_load_needs_counters_of_whole_env_steps(tmp_path: Any) -
     with pytest.raises(CheckpointError, match="num_envs=2"):
         rb.load(tmp_path / "odd")
     assert (len(rb), rb.pointer, rb.num_envs) == (0, 0, 2)
-    rb.load(tmp_path / "even")
+    with pytest.warns(RuntimeWarning, match="metadata-only checkpoint"):
+        rb.load(tmp_path / "even")
     assert (len(rb), rb.pointer, rb.num_envs) == (4, 4, 2)
+
+
+# ---------------------------------------------------------------------------------------------- the num_envs trap
+def gym_vector_step(num_envs: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """One step of gymnasium's vector CartPole as its arrays come (float32 obs, int64 actions, float64 rewards)."""
+    return {
+        "state": rng.standard_normal((num_envs, 4)).astype(np.float32),
+        "action": rng.integers(0, 2, num_envs),
+        "reward": np.ones(num_envs),
+        "next_state": rng.standard_normal((num_envs, 4)).astype(np.float32),
+        "terminated": np.zeros(num_envs, dtype=bool),
+        "truncated": np.zeros(num_envs, dtype=bool),
+    }
+
+
+def test_first_write_of_a_vector_step_without_num_envs_warns_once_naming_num_envs() -> None:
+    from objectrl_buffer.errors import VectorStepWarning
+
+    rng = np.random.default_rng(0)
+    rb = ReplayBuffer("cpu", "cpu", 100)
+    with pytest.warns(VectorStepWarning, match=r"num_envs=4") as caught:
+        rb.add(gym_vector_step(4, rng))
+    assert caught[0].filename == __file__  # points at the user's add()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):  # once: later writes are silent
+            rb.add(gym_vector_step(4, rng))
+    assert len(rb) == 4  # still stored as asked (a warning, not a refusal)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"state": np.zeros((4, 4)), "action": np.zeros(4), "reward": 1.0, "terminated": False},  # vector state
+        {"state": np.zeros(4), "action": np.zeros(4), "reward": np.zeros(1), "terminated": np.zeros(1)},
+        {"tokens": np.zeros(128, dtype=np.int64), "mask": np.ones(128, dtype=bool)},  # sequence rows
+        {"state": np.zeros((3, 4)), "reward": np.zeros(4)},  # leading sizes differ
+    ],
+)
+def test_rows_that_are_one_transition_do_not_warn(row: dict[str, Any]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ReplayBuffer("cpu", "cpu", 100).add(row)
+
+
+def test_a_vector_step_into_a_num_envs_buffer_does_not_warn() -> None:
+    rb = ReplayBuffer("cpu", "cpu", 100, num_envs=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rb.add(gym_vector_step(4, np.random.default_rng(0)))
+        ReplayBuffer("cpu", "cpu", 100).add_batch(gym_vector_step(4, np.random.default_rng(0)))  # 4 rows
+    assert len(rb) == 4

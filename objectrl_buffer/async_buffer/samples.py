@@ -7,6 +7,8 @@ Gathered batches stack keys whose samples share a shape and return the others as
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -175,9 +177,43 @@ def _column(parts: list[torch.Tensor], spec: KeySpec, device: torch.device) -> t
     offsets = torch.zeros(len(parts) + 1, dtype=torch.int64)
     torch.cumsum(torch.tensor(lengths), 0, out=offsets[1:])
     # min/max seqlen cached on the tensor: to_padded_tensor pads to the longest, not to the packed total.
+    quiet_fx_tracing_notice()
     return torch.nested.nested_tensor_from_jagged(
         values, offsets.to(device), min_seqlen=min(lengths), max_seqlen=max(lengths)
     )
+
+
+#: The start of the line torch.fx logs once per process when its deprecated ``is_fx_tracing()`` is first called.
+FX_TRACING_NOTICE = "is_fx_tracing will return true"
+
+
+class _DropFxTracingNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(FX_TRACING_NOTICE)
+
+
+@functools.cache
+def quiet_fx_tracing_notice() -> None:
+    """Keep torch's ``W... is_fx_tracing will return true ...`` line off the user's terminal.
+
+    ``torch.nested.nested_tensor_from_jagged`` (our jagged batches) calls torch.fx's deprecated
+    ``is_fx_tracing()``, whose first call per process logs that notice, meant for code that traces (torch
+    2.6+). The notice is printed by a cached function: calling it once here, with only that message
+    filtered out of its logger, leaves nothing to print later. Every other record of the logger passes;
+    a torch without that function is left alone."""
+    try:
+        from torch.fx import _symbolic_trace
+
+        notice = _symbolic_trace.is_fx_tracing_warning
+    except (ImportError, AttributeError):
+        return
+    logger = logging.getLogger(_symbolic_trace.__name__)
+    drop = _DropFxTracingNotice()
+    logger.addFilter(drop)
+    try:
+        notice()
+    finally:
+        logger.removeFilter(drop)
 
 
 def gather(

@@ -1,6 +1,9 @@
 """``objectrl-buffer``: look into buffer checkpoints from the shell.
 
-    objectrl-buffer inspect PATH [--json]   capacity, size, pointer, schema, extras, format, creation info
+    objectrl-buffer inspect PATH [--json]   capacity, size, pointer, schema, extras, format, creation info;
+                                            for another room's checkpoint (a trajectory folder, rank_*
+                                            folders, an async buffer file, a task folder) what it is, its
+                                            counts and what reads it (:mod:`~objectrl_buffer.cli.kinds`)
     objectrl-buffer verify PATH             re-check every checksum: exit 0 if intact, 1 with the reason
     objectrl-buffer clean [--dry-run] [DIR ...]
                                             remove storage folders and rate-limiter counter files left
@@ -11,7 +14,9 @@
                                         --cache-size K --enable-cache]
                                             load an RLinf trajectory folder, sample once, print keys and shapes
     objectrl-buffer trajectories merge --source-path SRC --save-path DST [--move]
-                                            merge SRC/rank_* folders into DST (copies unless --move)
+                                            merge SRC/rank_* folders into DST (copies unless --move); the
+                                            index also goes to RLinf's misspelled trajector_index.json,
+                                            the name RLinf's loader reads
     objectrl-buffer trajectories split --source-path SRC --save-path DST --split-count N [--move]
                                             the first N trajectories of SRC into DST, renumbered 0..N-1
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from typing import TYPE_CHECKING, Any
@@ -163,6 +169,11 @@ def clean(dirs: list[str], dry_run: bool) -> int:
     """``clean``: remove (or with ``dry_run`` list) what killed processes left in ``dirs``: storage folders
     whose owner lock nobody holds (:mod:`~objectrl_buffer.storage.folders`) and shared rate limiters'
     counter files that no live process maps (:mod:`~objectrl_buffer.storage.shm_files`)."""
+    missing = [d for d in dirs if not os.path.isdir(d)]
+    if missing:  # checked before anything is removed
+        what = ", ".join(f"'{d}'" for d in missing)
+        print(f"objectrl-buffer clean: FAILED: no such folder: {what}", file=sys.stderr)
+        return 1
     verb = "would remove" if dry_run else "removed"
     total = count = 0
     for parent in dirs or [placement.SHM_DIR, tempfile.gettempdir()]:
@@ -188,17 +199,22 @@ def _trajectory_parser(commands: Any) -> None:
     actions = group.add_subparsers(dest="action", required=True)
     sample = actions.add_parser("sample", help="load a folder, sample once, print keys and shapes")
     sample.add_argument("--load-path", required=True, help="folder with metadata.json and trajectory_index.json")
-    sample.add_argument("--num-chunks", type=int, default=4)
-    sample.add_argument("--sample-window-size", type=int, default=10)
-    sample.add_argument("--cache-size", type=int, default=5)
-    sample.add_argument("--enable-cache", action="store_true")
+    sample.add_argument("--num-chunks", type=int, default=4, help="transitions to sample (default 4)")
+    sample.add_argument("--sample-window-size", type=int, default=10, help="from the newest W trajectories (0: all)")
+    sample.add_argument("--cache-size", type=int, default=5, help="trajectories kept in the cache")
+    sample.add_argument("--enable-cache", action="store_true", help="cache loaded trajectories (RLinf's option)")
     sample.add_argument("--allow-pickle", action="store_true", help="read .pkl trajectory files (runs their code)")
-    for name, text in (("merge", "merge SRC/rank_* folders into DST"), ("split", "the first N trajectories into DST")):
-        tool = actions.add_parser(name, help=text)
-        tool.add_argument("--source-path", default=".")
-        tool.add_argument("--save-path", required=True)
+    merge_help = (
+        "merge SRC/rank_* folders into DST; the index is written as trajectory_index.json and also under "
+        "RLinf's misspelled name trajector_index.json, which RLinf's loader reads"
+    )
+    for name, text in (("merge", merge_help), ("split", "the first N trajectories into DST")):
+        tool = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        source = "folder holding the rank_* folders" if name == "merge" else "trajectory folder to split"
+        tool.add_argument("--source-path", default=".", help=f"{source} (default: the current folder)")
+        tool.add_argument("--save-path", required=True, help="new or empty folder to write")
         if name == "split":
-            tool.add_argument("--split-count", type=int, required=True)
+            tool.add_argument("--split-count", type=int, required=True, help="trajectories to take (N)")
         tool.add_argument("--move", action="store_true", help="remove the source files once DST is complete")
         tool.add_argument("--copy", action="store_true", help="accepted for RLinf's scripts: copying is the default")
 
@@ -238,6 +254,11 @@ def trajectories(args: argparse.Namespace) -> int:
         print(f"objectrl-buffer trajectories {args.action}: FAILED: {exc}", file=sys.stderr)
         return 1
     print(f"{'moved' if args.move else 'copied'} {n} trajectories into {args.save_path}")
+    if args.action == "merge":
+        print(
+            "index: trajectory_index.json, and the same index as trajector_index.json (RLinf's merge tool's "
+            "misspelled name, which RLinf's loader reads: keep both)"
+        )
     return 0
 
 
@@ -250,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     inspect = commands.add_parser(
-        "inspect", help="print capacity, size, pointer, schema, extras, format and creation info"
+        "inspect",
+        help="print capacity, size, pointer, schema, extras, format and creation info (trajectory folders, "
+        "async buffer files and task folders: what they are, their counts, what reads them)",
     )
     inspect.add_argument("path", help="the checkpoint path given to ReplayBuffer.save (or its .metadata file)")
     inspect.add_argument("--json", action="store_true", help="one JSON object, for scripts")
@@ -269,9 +292,24 @@ def main(argv: list[str] | None = None) -> int:
         return clean(args.dirs, args.dry_run)
     from objectrl_buffer.checkpoint.generations import open_checkpoint, verify_checkpoint
     from objectrl_buffer.checkpoint.metadata import checkpoint_base
+    from objectrl_buffer.cli.kinds import other_kind, print_other_kind
 
     path = checkpoint_base(args.path)  # run and run.metadata alike, as ReplayBuffer.load takes them
     try:
+        other = None if os.path.exists(f"{path}.metadata") else other_kind(args.path)
+        if other is not None:  # another room's checkpoint: what it is, its counts, what reads it
+            if args.command == "verify":
+                print(
+                    f"objectrl-buffer verify: FAILED: '{args.path}' is {other['what']}, not a ReplayBuffer "
+                    f"checkpoint; see objectrl-buffer inspect {args.path}",
+                    file=sys.stderr,
+                )
+                return 1
+            if args.json:
+                print(json.dumps({"path": args.path, **other}, indent=1))
+            else:
+                print_other_kind(args.path, other)
+            return 0
         if args.command == "inspect":
             info = describe(open_checkpoint(path), path)
             if args.json:

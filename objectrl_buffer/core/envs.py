@@ -24,7 +24,11 @@ from tensordict import TensorDictBase
 from objectrl_buffer.core.schema import format_key, leaves, require_mapping
 from objectrl_buffer.errors import InvalidArgumentError, SchemaError
 
-__all__ = ["check_env_step", "flatten_steps", "whole_steps"]
+__all__ = ["check_env_step", "flatten_steps", "whole_steps", "vector_step_size", "SCALAR_STEP_KEYS"]
+
+#: Leaf names that hold one number per env step in every RL row; a first write where they too have a
+#: leading size ``E > 1`` is a vector step (:func:`vector_step_size`).
+SCALAR_STEP_KEYS = frozenset({"reward", "rewards", "terminated", "truncated", "done", "dones"})
 
 
 def _shape(value: Any) -> tuple[int, ...]:
@@ -61,6 +65,25 @@ def check_env_step(step: TensorDictBase | Mapping[str, Any], num_envs: int) -> N
                 f"key '{format_key(key)}': add() of a buffer with num_envs={num_envs} takes values with a "
                 f"leading dimension of {num_envs} (one row per env), got shape {shape}"
             )
+
+
+def vector_step_size(values: Mapping[Any, torch.Tensor]) -> int:
+    """``E`` when one transition's ``values`` (key -> tensor, as a first write infers them) look like one
+    step of ``E > 1`` vector envs, else 0: every key has the same leading size ``E``, and a per-step
+    scalar (a key named in :data:`SCALAR_STEP_KEYS`, nested or not) is exactly ``[E]``. A row with a vector
+    state beside a scalar reward, or rows without any per-step scalar (token sequences), are not."""
+    leading = {tuple(v.shape[:1]) for v in values.values()}
+    if len(leading) != 1:
+        return 0
+    (first,) = leading
+    if not first or first[0] < 2:
+        return 0
+    size = first[0]
+    for key, value in values.items():
+        name = key[-1] if isinstance(key, tuple) else key
+        if name in SCALAR_STEP_KEYS and tuple(value.shape) == (size,):
+            return size
+    return 0
 
 
 def flatten_steps(batch: TensorDictBase | Mapping[str, Any], num_envs: int) -> TensorDictBase | dict[str, Any]:

@@ -102,7 +102,7 @@ class SharedMode(_Base):
         """Rows ever added, by every process."""
         return self.shared.reserved
 
-    def add(self, transition: Any) -> None:
+    def add(self, transition: Any, *, timeout: float | None = None) -> None:
         envs = self.num_envs
         if envs == 1:
             self.shared.add(transition)
@@ -110,12 +110,12 @@ class SharedMode(_Base):
             check_env_step(transition, envs)
             self.shared.add_batch(transition)
 
-    def add_batch(self, batch: Any) -> None:
+    def add_batch(self, batch: Any, *, timeout: float | None = None) -> None:
         envs = self.num_envs
         self.shared.add_batch(batch if envs == 1 else flatten_steps(batch, envs))
 
     def sample_batch(self, batch_size: int, **kwargs: Any) -> TensorDict:
-        if any(value is not None for key, value in kwargs.items() if key != "gamma"):
+        if any(value is not None for key, value in kwargs.items() if key not in ("gamma", "timeout")):
             self.snapshot()
             return super().sample_batch(batch_size, **kwargs)
         out = self.shared.sample_batch(batch_size)
@@ -178,7 +178,7 @@ class SharedPrioritizedMode(SharedMode):
     shared: SharedPrioritizedBuffer
 
     def sample_batch(self, batch_size: int, **kwargs: Any) -> TensorDict:
-        if any(value is not None for key, value in kwargs.items() if key != "gamma"):
+        if any(value is not None for key, value in kwargs.items() if key not in ("gamma", "timeout")):
             return super().sample_batch(batch_size, **kwargs)  # over a snapshot, with its priorities
         out = self.shared.sample_batch(batch_size, self.beta)
         return out if self.device.type == "cpu" else out.to(self.device, non_blocking=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer.core.validate import positive_int
 from objectrl_buffer.errors import InvalidArgumentError
@@ -99,7 +99,7 @@ class LimitedBuffer:
         """The buffer's ``add_batch``, admitted as a whole. Raises as :meth:`add`."""
         self._write(batch_rows(batch, self.buffer.num_envs), timeout, self.buffer.add_batch, batch)
 
-    def sample_batch(self, batch_size: int, *, timeout: float | None = None, **kwargs: Any) -> Any:
+    def sample_batch(self, batch_size: int, *, timeout: float | None = None, **kwargs: Any) -> TensorDict:
         """The buffer's ``sample_batch(batch_size, **kwargs)`` once ``batch_size`` samples are admitted.
 
         Raises:
@@ -162,7 +162,7 @@ class Gate:
         buffer = self.buffer
         self._write(batch_rows(batch, buffer.num_envs), timeout, type(buffer).add_batch.__get__(buffer), batch)
 
-    def sample_batch(self, batch_size: int, *, timeout: float | None = None, **kwargs: Any) -> Any:
+    def sample_batch(self, batch_size: int, *, timeout: float | None = None, **kwargs: Any) -> TensorDict:
         """The buffer's ``sample_batch`` once ``batch_size`` samples are admitted (nothing drawn otherwise)."""
         k = positive_int(batch_size, "batch_size")
         buffer = self.buffer

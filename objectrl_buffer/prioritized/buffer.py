@@ -232,13 +232,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         own.rebuild()
 
     # ------------------------------------------------------------------ writes and lifecycle
-    def add(self, transition: Transition) -> None:
+    def add(self, transition: Transition, *, timeout: float | None = None) -> None:
         """As :meth:`ReplayBuffer.add`; the new row (each env's, with ``num_envs > 1``) gets :attr:`max_priority`."""
         start = self.pointer
         self._engine.add(transition)
         self._priorities.new_rows(start, self.num_envs)
 
-    def add_batch(self, batch: Transition) -> None:
+    def add_batch(self, batch: Transition, *, timeout: float | None = None) -> None:
         """As :meth:`ReplayBuffer.add_batch`; every row written gets :attr:`max_priority`."""
         start, kept = self._engine.add_batch(batch)
         self._priorities.new_rows(start, kept)
@@ -255,13 +255,20 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     # ------------------------------------------------------------------ sampling
     def sample_batch(
-        self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
+        self,
+        batch_size: int,
+        *,
+        n_step: int | None = None,
+        gamma: float = 0.99,
+        recent: int | None = None,
+        timeout: float | None = None,
     ) -> TensorDict:
         """``batch_size`` rows drawn with replacement, row ``i`` with probability ``P(i)``.
 
         Args:
             batch_size: rows to draw (> 0).
             n_step, gamma: n-step targets, as :meth:`ReplayBuffer.sample_batch`.
+            timeout: as :meth:`ReplayBuffer.sample_batch` (a ``rate_limiter``'s admission; else ignored).
             recent: draw only from the newest ``N = min(recent, len)`` rows, ``P(i)`` (and so the weights)
                 renormalised over them. ``O(k log N)`` with our tree; ``O(N)`` per call with torchrl's
                 sampler, which cannot restrict its draws.

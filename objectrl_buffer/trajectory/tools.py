@@ -98,7 +98,9 @@ def merge_rank_folders(
     """Merge the ``rank_*`` folders of ``source_path`` (numeric rank order) into ``save_path``.
 
     Ids are renumbered ``0..`` in (original id, rank) order, interleaving the ranks as RLinf does; the
-    metadata takes the first rank's seed and both index file names are written. Returns the count.
+    metadata takes the first rank's seed and both index file names are written: ``trajectory_index.json``
+    and ``trajector_index.json``, the misspelled name RLinf's merge tool writes and RLinf's loader reads (so
+    that RLinf loads the merged folder; our loader reads either). Returns the count.
 
     Raises:
         CheckpointNotFoundError (FileNotFoundError): no ``rank_*`` folder, or a file an index names is missing.

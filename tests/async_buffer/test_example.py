@@ -19,3 +19,29 @@ def test_async_pipeline_example_runs(tmp_path: Path) -> None:
     assert "72 sequences through put -> amend -> 2 trainers" in out.stdout
     assert "left in the buffer: 0; freed: 72" in out.stdout
     assert ckpt.exists()
+    assert "is_fx_tracing" not in out.stderr  # torch's notice, printed by jagged batches before (issue 24)
+
+
+def test_only_torchs_fx_tracing_notice_is_kept_quiet() -> None:
+    import logging
+
+    import torch
+    from torch.fx import _symbolic_trace
+
+    from objectrl_buffer.async_buffer import samples
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger(_symbolic_trace.__name__)
+    logger.addHandler(handler)
+    try:
+        _symbolic_trace.is_fx_tracing_warning.cache_clear()  # as in a fresh process
+        samples.quiet_fx_tracing_notice.cache_clear()
+        parts = [torch.arange(1.0), torch.arange(2.0)]
+        batch = samples._column(parts, samples.KeySpec.of(parts[0]), torch.device("cpu"))
+        assert batch.is_nested  # a jagged batch, the call that printed the notice
+        logger.warning("another torch.fx warning")
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == ["another torch.fx warning"]

@@ -242,7 +242,8 @@ def test_failure_writing_the_metadata_keeps_the_old_checkpoint(
 def test_save_of_counters_without_rows_is_refused(saved: Path, tmp_path: Path) -> None:
     meta_only = ReplayBuffer("cpu", "cpu", 8, storage_dir=tmp_path / "storage")
     torch.save({"buffer_size": 8, "data_size": 8, "pointer": 0}, tmp_path / "counters.metadata")
-    meta_only.load(tmp_path / "counters")  # ObjectRL semantics: 8 rows counted, none held
+    with pytest.warns(RuntimeWarning, match="metadata-only checkpoint"):
+        meta_only.load(tmp_path / "counters")  # ObjectRL semantics: 8 rows counted, none held
     before = tree(saved.parent)
     with pytest.raises(CheckpointError, match="counts 8 rows but holds none"):
         meta_only.save(saved, data=True)

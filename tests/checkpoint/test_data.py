@@ -192,7 +192,8 @@ def test_metadata_only_save_is_unchanged_objectrl_format(tmp_path: Path) -> None
     assert meta == {**ring, "format": "objectrl_buffer", "format_version": 1, "metadata_crc32": meta["metadata_crc32"]}
     assert sorted(os.listdir(tmp_path)) == ["run.metadata", "storage"]
     fresh = ReplayBuffer("cpu", "cpu", 3, storage_dir=tmp_path / "storage")
-    fresh.load(tmp_path / "run")  # ObjectRL semantics: counters only, capacity adopted
+    with pytest.warns(RuntimeWarning, match="metadata-only checkpoint"):
+        fresh.load(tmp_path / "run")  # ObjectRL semantics: counters only, capacity adopted
     assert (len(fresh), fresh.pointer, fresh.buffer_size, fresh.schema) == (8, 5, 8, None)
 
 
@@ -366,3 +367,16 @@ def test_load_onto_another_storing_device(tmp_path: Path, saved_on: str, loaded_
     )
     if saved_on == loaded_on:
         assert_same(next_draws(loaded), next_draws(rb))
+
+
+@pytest.mark.parametrize("method", ["save", "load", "from_checkpoint"])
+def test_progress_argument_is_documented(method: str) -> None:
+    """``progress=`` says what it shows and when (issue 24: it was in neither the README nor the docstrings)."""
+    from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
+
+    for cls in (ReplayBuffer, PrioritizedReplayBuffer):
+        doc = " ".join((getattr(cls, method).__doc__ or "").split())
+        assert "``progress``:" in doc, f"{cls.__name__}.{method}"
+    doc = " ".join((ReplayBuffer.save.__doc__ or "").split())
+    for words in ("tqdm bar on stderr", "half a second", "stderr is a terminal", "``CI``", "``False``: never"):
+        assert words in doc

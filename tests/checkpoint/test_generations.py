@@ -216,10 +216,12 @@ def test_load_restores_the_counters(
 ) -> None:
     wrapped.save(as_path(tmp_path / "b"))
     fresh = make_buffer(10)
-    fresh.load(as_path(tmp_path / "b"))
+    with pytest.warns(RuntimeWarning, match="metadata-only checkpoint"):
+        fresh.load(as_path(tmp_path / "b"))
     assert (fresh.buffer_size, fresh.data_size, fresh.pointer, len(fresh)) == (10, 10, 5, 10)
     other_size = make_buffer(3)  # holds no data: adopts the saved capacity
-    other_size.load(tmp_path / "b")
+    with pytest.warns(RuntimeWarning, match="metadata-only checkpoint"):
+        other_size.load(tmp_path / "b")
     assert (other_size.buffer_size, other_size.data_size, other_size.pointer) == (10, 10, 5)
 
 
@@ -228,7 +230,8 @@ def test_load_of_metadata_only_then_sampling_says_no_data(
 ) -> None:
     wrapped.save(tmp_path / "b")
     fresh = make_buffer(10)
-    fresh.load(tmp_path / "b")
+    with pytest.warns(RuntimeWarning, match="metadata-only checkpoint"):
+        fresh.load(tmp_path / "b")
     with pytest.raises(EmptyBufferError, match="no data"):
         fresh.sample_batch(4)
 
@@ -241,7 +244,8 @@ def test_save_overwrites_and_load_reads_the_latest(
     fill(rb, range(3, 5))
     rb.save(tmp_path / "b")
     fresh = make_buffer(10)
-    fresh.load(tmp_path / "b")
+    with pytest.warns(RuntimeWarning, match="metadata-only checkpoint"):
+        fresh.load(tmp_path / "b")
     assert (fresh.data_size, fresh.pointer) == (5, 5)
     assert sorted(os.listdir(tmp_path)) == ["b.metadata", "storage"]
 
@@ -249,7 +253,8 @@ def test_save_overwrites_and_load_reads_the_latest(
 def test_load_reads_a_file_written_like_upstream(make_buffer: Factory, tmp_path: pathlib.Path) -> None:
     torch.save({"buffer_size": 8, "data_size": 8, "pointer": 3}, str(tmp_path / "up") + ".metadata")
     rb = make_buffer(8)
-    rb.load(str(tmp_path / "up"))
+    with pytest.warns(RuntimeWarning, match="metadata-only checkpoint"):
+        rb.load(str(tmp_path / "up"))
     assert (rb.buffer_size, rb.data_size, rb.pointer) == (8, 8, 3)
 
 
@@ -263,7 +268,8 @@ def test_memory_after_a_metadata_only_load_reports_no_rows(tmp_path) -> None:
     source.add_batch({"x": _torch.arange(5.0)})
     source.save(tmp_path / "meta")
     fresh = ReplayBuffer("cpu", "cpu", 8)
-    fresh.load(tmp_path / "meta")
+    with pytest.warns(RuntimeWarning, match="metadata-only checkpoint"):
+        fresh.load(tmp_path / "meta")
     assert len(fresh) == 5
     assert len(fresh.memory) == 0
     source.close()

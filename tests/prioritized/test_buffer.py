@@ -351,7 +351,8 @@ def test_metadata_load_restarts_uniform_priorities(tmp_path: Any) -> None:
     a.update_priority([0], [4.0])
     a.save(tmp_path / "ckpt")
     b = PrioritizedReplayBuffer("cpu", "cpu", 20, storage_dir=tmp_path / "b")
-    b.load(tmp_path / "ckpt")
+    with pytest.warns(RuntimeWarning, match="metadata-only checkpoint"):
+        b.load(tmp_path / "ckpt")
     assert b.buffer_size == 10 and b.priorities().tolist() == [1.0] * 6
 
 

@@ -22,7 +22,10 @@ def test_short_run_adds_rollouts_samples_and_persists(tmp_path: Path, capsys: py
     argv = ["--iterations", "3", "--T", "16", "--B", "2", "--updates", "2", "--chunks", "32", "--window", "2"]
     score = module.main([*argv, "--storage-dir", str(folder), "--capacity", "64"])
     assert score >= 0.0
-    assert "done: 2 rollouts / 64 transitions stored" in capsys.readouterr().out  # capacity 64: the newest two
+    out = capsys.readouterr().out
+    assert "done: 2 rollouts / 64 transitions stored" in out  # capacity 64: the newest two
+    progress = [line for line in out.splitlines() if line.startswith("iteration ")]
+    assert [line.split(":")[0] for line in progress] == ["iteration 1/3", "iteration 2/3", "iteration 3/3"]
     rb = TrajectoryReplayBuffer(seed=0, sample_window_size=0)
     rb.load_checkpoint(str(folder))
     assert rb.trajectory_ids == [1, 2]
