@@ -195,10 +195,17 @@ class HerReplayBuffer(ReplayBuffer):
         return drawable_steps(rows, oldest_row_starts(rows.ring), self.engine.storing_device)
 
     def sample_batch(
-        self, batch_size: int, *, n_step: int | None = None, gamma: float = 0.99, recent: int | None = None
+        self,
+        batch_size: int,
+        *,
+        n_step: int | None = None,
+        gamma: float = 0.99,
+        recent: int | None = None,
+        timeout: float | None = None,
     ) -> TensorDict:
         """``batch_size`` rows of finished episodes, the last ``int(her_ratio * batch_size)`` relabeled
-        (see the class docs), with ``"index"`` (each row's slot), on ``device``.
+        (see the class docs), with ``"index"`` (each row's slot), on ``device``. ``timeout``: as
+        :meth:`ReplayBuffer.sample_batch` (for a ``rate_limiter``'s admission; ignored without one).
 
         Raises:
             InvalidArgumentError: a bad ``batch_size``; ``n_step`` or ``recent`` (not supported with HER).
