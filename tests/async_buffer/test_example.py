@@ -39,8 +39,10 @@ def test_only_torchs_fx_tracing_notice_is_kept_quiet() -> None:
         _symbolic_trace.is_fx_tracing_warning.cache_clear()  # as in a fresh process
         samples.quiet_fx_tracing_notice.cache_clear()
         parts = [torch.arange(1.0), torch.arange(2.0)]
-        batch = samples._column(parts, samples.KeySpec.of(parts[0]), torch.device("cpu"))
-        assert batch.is_nested  # a jagged batch, the call that printed the notice
+        payloads = [{"x": part} for part in parts]
+        spec = {"x": samples.KeySpec.of(parts[0])}
+        batch = samples.gather(torch.arange(2), payloads, ["x"], spec, torch.device("cpu"))
+        assert batch["x"].is_nested  # a jagged batch, the call that printed the notice
         logger.warning("another torch.fx warning")
     finally:
         logger.removeHandler(handler)
