@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -39,6 +39,7 @@ from objectrl_buffer.errors import ConcurrentUseError, EmptyBufferError, Invalid
 from objectrl_buffer.sampling.nstep import n_step_targets
 from objectrl_buffer.sampling.slices import TransitionKeys
 from objectrl_buffer.storage import torchrl_compat
+from objectrl_buffer.storage.compact import CompactSpec, CompactStorage
 from objectrl_buffer.storage.staging import StagingRing
 from objectrl_buffer.storage.table import TransitionStorage, make_tensordict
 
@@ -63,6 +64,9 @@ class Engine:
         storing_device: where rows live (CPU: memory-mapped files, see :mod:`~objectrl_buffer.storage.table`).
         storage_dir: parent folder of the CPU files (``None``: chosen at the first write).
         num_envs: rows per env step; env ``e`` of step ``t`` goes to slot ``t * num_envs + e``.
+        compact: ``next_of``/``frame_stack`` claims: rows live in a
+            :class:`~objectrl_buffer.storage.compact.CompactStorage` (pixels stored once); ``end_keys``:
+            the keys ending an episode there.
 
     Attributes:
         ring: the ring state (:class:`~objectrl_buffer.core.ring.Ring`), the one owner of capacity,
@@ -80,17 +84,37 @@ class Engine:
         storage_dir: str | os.PathLike[str] | None = None,
         *,
         num_envs: int = 1,
+        compact: CompactSpec | None = None,
+        end_keys: tuple[Key, ...] = (),
     ) -> None:
         self.device = device
         self.storing_device = storing_device
         self.storage_dir = storage_dir
         self.num_envs = num_envs
         self.ring = Ring(capacity)
-        self.storage = TransitionStorage(capacity, storing_device, storage_dir)
+        self.compact = compact
+        self.end_keys = end_keys
+        self.storage = self.new_storage(capacity, storage_dir)
         self.staging = self._new_staging()
         self.cast_warned: set[Key] = set()  # keys whose tensors were cast/reshaped: CastWarning once each
         self.generation = 0
         self._view: TensorDictReplayBuffer | None = None
+
+    def new_storage(self, capacity: int, storage_dir: str | os.PathLike[str] | None) -> TransitionStorage:
+        """Empty storage of ``capacity`` rows of this engine's kind: a
+        :class:`~objectrl_buffer.storage.compact.CompactStorage` when it has claims (which offers the part of
+        ``TransitionStorage`` the engine, reads and checkpoints use, hence the cast)."""
+        if self.compact is None:
+            return TransitionStorage(capacity, self.storing_device, storage_dir)
+        compact = CompactStorage(
+            capacity,
+            self.storing_device,
+            storage_dir,
+            num_envs=self.num_envs,
+            spec=self.compact,
+            end_keys=self.end_keys,
+        )
+        return cast(TransitionStorage, compact)
 
     def _new_staging(self) -> StagingRing | None:
         # CPU storage, CUDA training device: samples go through pinned staging buffers
@@ -407,8 +431,10 @@ class Engine:
         state = dict(state)
         schema, rows, closed = state.pop("rows")
         self.__dict__.update(state)
+        self.__dict__.setdefault("compact", None)
+        self.__dict__.setdefault("end_keys", ())
         self.ring = Ring(*self.ring.state())  # never shared with the original
-        self.storage = TransitionStorage(self.ring.capacity, self.storing_device, None if closed else self.storage_dir)
+        self.storage = self.new_storage(self.ring.capacity, None if closed else self.storage_dir)
         self._view = None
         self.staging = self._new_staging()
         if closed:
@@ -416,4 +442,10 @@ class Engine:
         elif schema is not None and rows is not None:
             self.storage.initialize(schema, {f.key: torch.zeros(f.shape, dtype=f.dtype) for f in schema.fields})
             n = self.ring.size
-            self.storage.write_rows(0, [(field, rows[field.key]) for field in schema.fields], first=0, n=n)
+            # oldest first: a compact storage checks each row against the one before it
+            oldest = (self.ring.pointer - n) % self.ring.capacity
+            order = (torch.arange(n) + oldest) % self.ring.capacity
+            pairs = [
+                (field, rows[field.key].index_select(0, order.to(rows[field.key].device))) for field in schema.fields
+            ]
+            self.storage.write_rows(oldest, pairs, first=0, n=n)

@@ -28,6 +28,7 @@ from objectrl_buffer.core.validate import env_multiple, positive_int
 from objectrl_buffer.engine import Engine, Slots, Transition
 from objectrl_buffer.sampling.slices import TransitionKeys
 from objectrl_buffer.sampling.uniform import num_batches, uniform_slots
+from objectrl_buffer.storage.compact import CompactSpec
 
 __all__ = ["ReplayBuffer"]
 
@@ -54,11 +55,20 @@ class ReplayBuffer:
         num_envs: envs of a vector environment written together (a divisor of ``buffer_size``):
             :meth:`add` takes ``[num_envs]`` steps, :meth:`add_batch` ``[T, num_envs]``; env ``e`` of
             step ``t`` goes to slot ``t * num_envs + e``; n-step returns and slices never cross envs.
+        next_of: ``{"next_state": "state"}``: each named key is the next row's value of the other key in the
+            same env stream (except where a row ends an episode: ``transition_keys.episode_end``), so it is
+            stored only where it is not (episode ends, the write head). See :doc:`/pixels`.
+        frame_stack: ``{"state": 4}``: the key's per-row value stacks the last 4 frames along its first
+            axis, newest last (its ``next_of`` key too); it is stored as one frame per env step plus what
+            episode starts cannot borrow. Reads are bit-identical to a plain buffer's; a write breaking
+            either claim raises ``SchemaError`` and stores nothing
+            (:mod:`~objectrl_buffer.storage.compact`).
         rate_limiter: a :class:`objectrl_buffer.flow.RateLimiter` admitting :meth:`add`, :meth:`add_batch`
             and :meth:`sample_batch` (they then take ``timeout=``; a batch is admitted whole); its counters
             ride in full checkpoints. ``None``: no limit.
 
     Attributes:
+        nbytes: bytes the stored rows take (all keys, frames and bookkeeping; 0 before the first write).
         device, storing_device, buffer_size, data_size, pointer: as ObjectRL's (``pointer`` is the
             next slot written). epoch_iterator: what :meth:`get_next_batch` draws from, or ``None``.
         checkpoint_extras: :class:`~objectrl_buffer.checkpoint.extras.ExtraState` objects whose state
@@ -91,6 +101,8 @@ class ReplayBuffer:
         transition_keys: TransitionKeys | None = None,
         num_envs: int = 1,
         rate_limiter: Any = None,
+        next_of: Mapping[str, str] | None = None,
+        frame_stack: Mapping[str, int] | None = None,
     ) -> None:
         where, stored_on = validate.buffer_devices(device, storing_device, buffer_size)
         envs = positive_int(num_envs, "num_envs")
@@ -98,10 +110,12 @@ class ReplayBuffer:
         seed = None if seed is None else validate.seed(seed)
         if storage_dir is not None:
             storage_dir = validate.folder(storage_dir, "storage_dir")
-        self._engine = Engine(size, where, stored_on, storage_dir, num_envs=envs)
+        self.transition_keys = TransitionKeys() if transition_keys is None else transition_keys
+        compact = CompactSpec.build(next_of, frame_stack)
+        ends = self.transition_keys.episode_end
+        self._engine = Engine(size, where, stored_on, storage_dir, num_envs=envs, compact=compact, end_keys=ends)
         self.print_gc_warning = print_gc_warning
         self.shuffle = shuffle
-        self.transition_keys = TransitionKeys() if transition_keys is None else transition_keys
         self.epoch_iterator: Iterator[TensorDict] | None = None
         self.checkpoint_extras: list[ExtraState] = []
         self._random_recent: int | None = None  # recency window of get_next_batch's random sampling
@@ -132,6 +146,10 @@ class ReplayBuffer:
     pointer = property(lambda self: self._engine.ring.pointer, doc="The next slot written.")
     size = data_size
     schema = property(lambda self: self._engine.schema, doc="Stored keys, row shapes and dtypes (or ``None``).")
+    nbytes = property(
+        lambda self: self._engine.storage.nbytes,
+        doc="Bytes the stored rows take: every key's storage, frames and bookkeeping (0 before the first write).",
+    )
 
     @property
     def engine(self) -> Engine:

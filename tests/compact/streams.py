@@ -1,0 +1,57 @@
+"""Env streams of stacked pixel-like observations for the compact storage tests (tiny frames, fast)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+FRAME = (2, 3)  # a tiny "image": the storage does not care about its size
+
+
+def env_rows(steps: int, k: int, seed: int, end_rate: float = 0.2, zero_pad: bool = False) -> list[dict[str, Any]]:
+    """``steps`` transitions of one env: ``state``/``next_state`` stacks of ``k`` frames (no stack axis for
+    ``k == 0``), episode ends at random (terminated or truncated), reset padding repeated or zeros."""
+    g = torch.Generator().manual_seed(seed)
+
+    def frame() -> torch.Tensor:
+        return torch.randint(0, 256, FRAME, generator=g, dtype=torch.uint8)
+
+    rows: list[dict[str, Any]] = []
+    stack: torch.Tensor | None = None
+    depth = max(k, 1)
+    for _ in range(steps):
+        if stack is None:
+            first = frame()
+            pad = torch.zeros_like(first) if zero_pad else first
+            stack = torch.stack([*([pad] * (depth - 1)), first])
+        nxt = torch.cat([stack[1:], frame().unsqueeze(0)])
+        draw = float(torch.rand(1, generator=g))
+        terminated, truncated = draw < end_rate / 2, end_rate / 2 <= draw < end_rate
+        rows.append(
+            {
+                "state": stack if k else stack[0],
+                "next_state": nxt if k else nxt[0],
+                "action": torch.randint(0, 4, (1,), generator=g),
+                "reward": torch.rand(1, generator=g),
+                "terminated": torch.tensor([terminated]),
+                "truncated": torch.tensor([truncated]),
+            }
+        )
+        stack = None if terminated or truncated else nxt
+    return rows
+
+
+def steps_of(envs: list[list[dict[str, Any]]], t0: int, t1: int) -> dict[str, torch.Tensor]:
+    """Steps ``t0 .. t1-1`` of every env as one ``add_batch`` argument: ``[T]`` for one env, else ``[T, E]``."""
+    keys = envs[0][0].keys()
+    if len(envs) == 1:
+        return {key: torch.stack([envs[0][t][key] for t in range(t0, t1)]) for key in keys}
+    return {key: torch.stack([torch.stack([env[t][key] for env in envs]) for t in range(t0, t1)]) for key in keys}
+
+
+def one_step(envs: list[list[dict[str, Any]]], t: int) -> dict[str, torch.Tensor]:
+    """Step ``t`` as one ``add`` argument: a row for one env, else ``[E]`` rows."""
+    if len(envs) == 1:
+        return dict(envs[0][t])
+    return {key: torch.stack([env[t][key] for env in envs]) for key in envs[0][0]}
