@@ -2,7 +2,8 @@
 
 Rows as an Atari DQN writes them: ``state`` and ``next_state`` ``uint8[4,84,84]`` (4 stacked frames, newest
 last; an episode starts with its first frame repeated 4 times, as gymnasium's ``FrameStackObservation``
-does), ``action`` (int), ``reward`` (float), ``done`` (float, 1 at the last step of an episode). Episodes
+does), ``action`` (int), ``reward`` (float), ``terminated`` (float, 1 at the last step of an episode: the key
+by which our buffer knows where episodes end; the peers get it under their own name). Episodes
 have lengths drawn uniformly from ``--episode-len`` (default 200-2000 steps, ~90 episodes in 100k rows),
 so episode starts and ends, and the ring's wrap, are in the stream. Every peer gets the same stream.
 
@@ -127,7 +128,7 @@ class Peer:
 
     def make_item(self, r: Row) -> Any:
         return {"state": self.stack(r.state_frames), "next_state": self.stack(r.next_frames),
-                "action": r.action, "reward": r.reward, "done": float(r.done)}  # fmt: skip
+                "action": r.action, "reward": r.reward, "terminated": float(r.done)}  # fmt: skip
 
     def add(self, item: Any) -> None:
         raise NotImplementedError
@@ -324,7 +325,7 @@ class Floor(Peer):
         nxt = np.maximum(newest + 1 + self.offsets, first) % self.nframes
         frames = self.frames.take(np.concatenate([state.ravel(), nxt.ravel()]), axis=0).reshape(2, k, STACK, *FRAME)
         out = {"state": frames[0], "next_state": frames[1], "action": self.action.take(i),
-               "reward": self.reward.take(i), "done": self.done.take(i)}  # fmt: skip
+               "reward": self.reward.take(i), "terminated": self.done.take(i)}  # fmt: skip
         return {key: torch.from_numpy(v) for key, v in out.items()}
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -338,7 +339,7 @@ class Floor(Peer):
         os.makedirs(path)
         for name, a in self.arrays().items():
             with open(os.path.join(path, name), "wb") as f:
-                f.write(memoryview(a.reshape(-1).view(np.uint8)))
+                f.write(a.reshape(-1).view(np.uint8).data)
                 f.flush()
                 os.fsync(f.fileno())
         fd = os.open(path, os.O_RDONLY)
@@ -349,7 +350,7 @@ class Floor(Peer):
         for name, a in self.arrays().items():
             fresh = np.empty_like(a)
             with open(os.path.join(path, name), "rb") as f:
-                f.readinto(memoryview(fresh.reshape(-1).view(np.uint8)))
+                f.readinto(fresh.reshape(-1).view(np.uint8).data)
             setattr(self, name, fresh)
 
 
@@ -450,16 +451,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             path = os.path.join(tmp, "ckpt", "buffer")
             os.makedirs(os.path.dirname(path))
             os.sync()
-            t = time.perf_counter()
+            start = time.perf_counter()
             peer.save(path)
-            res["save_ms"] = (time.perf_counter() - t) * 1e3
+            res["save_ms"] = (time.perf_counter() - start) * 1e3
             files = [os.path.join(os.path.dirname(path), f) for f in os.listdir(os.path.dirname(path))]
             res["ckpt_bytes"] = sum(dir_bytes(f) for f in files)
-            expect = peer.sample(32) if args.child == "floor" else None
-            t = time.perf_counter()
+            start = time.perf_counter()
             peer.load(path)
-            res["load_ms"] = (time.perf_counter() - t) * 1e3
-            del expect
+            res["load_ms"] = (time.perf_counter() - start) * 1e3
             peer.sample(32)  # the loaded buffer serves
         return res
     finally:
@@ -480,7 +479,7 @@ def run_child(peer: str, args: argparse.Namespace) -> dict[str, Any]:
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         if proc.returncode != 0:
-            return {"error": (proc.stderr.strip().splitlines() or ["exit %d" % proc.returncode])[-1]}
+            return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]}
         return dict(json.loads(Path(out).read_text()))
     finally:
         os.unlink(out)
@@ -512,7 +511,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
     line("bytes per row, own count (x one frame = 7,056 B)",
-         [("n/a" if get(p, "own_bytes") is None else fmt(get(p, "own_bytes") / rows, " B")  # type: ignore[operator]
+         [("n/a" if get(p, "own_bytes") is None else fmt(get(p, "own_bytes") / rows, " B")
            + ratio(get(p, "own_bytes"), frame_row * rows)) for p in peers])  # fmt: skip
     line(f"resident memory added, MB (x unique frames = {frame_row * rows / 2**20:,.0f} MB)",
          [fmt(get(p, "rss_mb") or 0.0) + ratio(get(p, "rss_mb"), frame_row * rows / 2**20) for p in peers])  # fmt: skip
@@ -533,7 +532,8 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         cells = [fmt(results[p][key] / div) + ratio(results[p][key], floor.get(key)) if key in results[p] else "-"
                  for p in peers]  # fmt: skip
         line(f"{label} (x floor)", cells)
-    notes = [f"- {TITLES[p]}: {results[p].get('error') or results[p].get('skipped')}" for p in results if p not in peers]
+    notes = [f"- {TITLES[p]}: {results[p].get('error') or results[p].get('skipped')}"
+             for p in results if p not in peers]  # fmt: skip
     uf = next((results[p]["unique_frames"] for p in peers), 0)
     intro = (
         f"{rows:,} rows (capacity {rows:,}, full, then {args.adds:,} timed adds past the wrap), episodes of "

@@ -5,7 +5,8 @@ CartPole (``render_mode="rgb_array"``, 400x600 RGB, drawn with pygame), turns th
 (``uint8``), and stacks the last 4 frames (``[4, 84, 84]``, newest last; an episode starts with its first frame
 repeated 4 times). Every transition is written as Atari DQN agents write theirs::
 
-    {"state": uint8[4,84,84], "next_state": uint8[4,84,84], "action": int, "reward": float, "terminated": float}
+    {"state": uint8[4,84,84], "next_state": uint8[4,84,84], "action": int, "reward": float,
+     "terminated": float, "truncated": float}
 
 into a buffer built with the compact storage of issue 25::
 
@@ -15,6 +16,8 @@ into a buffer built with the compact storage of issue 25::
 so a row stores about one new 84x84 frame (7,056 bytes) instead of the two full stacks a plain buffer keeps
 (56,448 bytes). The run ends by printing the bytes per row the buffer takes (``memory.nbytes / len(memory)``)
 and what a plain buffer would take for the same rows; ``--storage plain`` runs with today's storage instead.
+``nbytes`` counts what the buffer holds for its capacity (the frame ring is laid out for ``--buffer-size``
+rows), so the bytes per row are those of a full buffer once the run has filled it.
 
 The learner is a Double DQN with the Nature-DQN convolutional network (scaled down: two conv layers), a Huber
 loss, Adam and a target network. CartPole from pixels is much harder than from its state vector: with the
@@ -82,7 +85,7 @@ def to_frame(rgb: np.ndarray) -> np.ndarray:
     """A rendered RGB frame ``uint8[H, W, 3]`` -> ``uint8[84, 84]`` grayscale (area-filtered resize)."""
     from PIL import Image
 
-    return np.asarray(Image.fromarray(rgb).convert("L").resize((FRAME, FRAME), Image.BILINEAR))
+    return np.asarray(Image.fromarray(rgb).convert("L").resize((FRAME, FRAME), Image.Resampling.BILINEAR))
 
 
 def q_network(n_actions: int) -> nn.Module:
@@ -139,15 +142,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     target.load_state_dict(online.state_dict())
     optimizer = torch.optim.Adam(online.parameters(), lr=args.learning_rate)
 
-    compact = {"next_of": {"next_state": "state"}, "frame_stack": {"state": STACK}} if args.storage == "compact" else {}
+    compact = args.storage == "compact"
     memory = ReplayBuffer(
-        device, torch.device(args.storing_device), args.buffer_size,
-        seed=args.seed, storage_dir=args.storage_dir, **compact,
+        device, torch.device(args.storing_device), args.buffer_size, seed=args.seed, storage_dir=args.storage_dir,
+        next_of={"next_state": "state"} if compact else None,  # next_state is the next row's state ...
+        frame_stack={"state": STACK} if compact else None,  # ... and state stacks the last 4 frames, newest last
     )  # fmt: skip
+
+    def render() -> np.ndarray:
+        rgb = env.render()
+        assert isinstance(rgb, np.ndarray)  # render_mode="rgb_array": uint8[400, 600, 3]
+        return to_frame(rgb)
 
     def reset(seed: int | None = None) -> deque[np.ndarray]:
         env.reset(seed=seed)
-        first = to_frame(env.render())
+        first = render()
         return deque([first] * STACK, maxlen=STACK)
 
     frames = reset(args.seed)
@@ -164,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             with torch.no_grad():
                 action = int(forward(online, torch.from_numpy(state).to(device)[None]).argmax())
         _, reward, terminated, truncated, _ = env.step(action)
-        frames.append(to_frame(env.render()))
+        frames.append(render())
         episode_return += float(reward)
         memory.add({
             "state": torch.from_numpy(state),
@@ -172,6 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             "action": action,
             "reward": float(reward),
             "terminated": float(terminated),
+            "truncated": float(truncated),  # with terminated: where episodes end (the compact storage needs both)
         })  # fmt: skip
         if terminated or truncated:
             returns.append(episode_return)
