@@ -159,7 +159,12 @@ class Engine:
         done = ring.done + 1
         ring.begun = done  # a sampler thread re-reads what it read of this row meanwhile (see read())
         pointer = ring.pointer
-        if fast is not None and fast.write_row(transition, pointer, self.cast_warned):
+        try:  # free unless raised: a compact storage's fast path refuses a broken overlap (SchemaError)
+            handled = fast is not None and fast.write_row(transition, pointer, self.cast_warned)
+        except BaseException:
+            ring.begun = ring.done
+            raise
+        if handled:
             capacity = ring.capacity
             pointer += 1
             ring.pointer = pointer if pointer < capacity else 0

@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from objectrl_buffer.checkpoint import compact
 from objectrl_buffer.checkpoint.data import BufferState
 from objectrl_buffer.checkpoint.extras import collect, in_metadata, own, saved_kwargs
 from objectrl_buffer.checkpoint.generations import Restored, load_checkpoint, restore_devices, save_checkpoint
 from objectrl_buffer.checkpoint.state_dict import make_state_dict, restore_state_dict
 from objectrl_buffer.core.ring import Ring
+from objectrl_buffer.errors import CheckpointError
 from objectrl_buffer.forks import track_for_fork
+from objectrl_buffer.storage.compact import CompactStorage
 
 if TYPE_CHECKING:
     from objectrl_buffer.replay_buffer import ReplayBuffer
@@ -38,17 +41,29 @@ __all__ = [
 RB = TypeVar("RB", bound="ReplayBuffer")
 
 
-def buffer_state(rb: ReplayBuffer) -> BufferState:
-    """References to everything a checkpoint of ``rb`` holds (nothing copied), its extras included."""
+def buffer_state(rb: ReplayBuffer, loading: bool = False) -> BufferState:
+    """References to everything a checkpoint of ``rb`` holds (nothing copied), its extras included.
+
+    ``loading``: the state a load checks what it reads against. A compact buffer then says no schema
+    (its saved columns are not its keys): :func:`adopt` checks its capacity and keys once the rows read
+    are in its form."""
     engine = rb.engine
     ring = engine.ring
     arrays, values = collect(rb.checkpoint_extras)
+    schema, columns = engine.schema, engine.storage.columns
+    storage: Any = engine.storage
+    if isinstance(storage, CompactStorage) and storage.table is not None and storage.initialized:
+        # compact: the other keys as columns, the frames and links as extra arrays (checkpoint/compact.py)
+        schema, columns = (None if loading else storage.table.schema), storage.table.columns
+        compact_arrays, compact_values = compact.saved_state(storage, ring.size)
+        arrays.update(compact_arrays)
+        values.update(compact_values)
     return BufferState(
         buffer_size=ring.capacity,
         data_size=ring.size,
         pointer=ring.pointer,
-        schema=engine.schema,
-        columns=engine.storage.columns,
+        schema=schema,
+        columns=columns,
         generator=rb.generator,
         shuffle=rb.shuffle,
         device=engine.device,
@@ -76,6 +91,31 @@ def adopt(rb: ReplayBuffer, restored: Restored) -> None:
     ``rb`` holds: the others become phantom rows, with a ``RuntimeWarning``), generator, ``shuffle`` and
     the state of each of its extras."""
     engine = rb.engine
+    table = restored.storage
+    if table is not None:  # into this buffer's form (compact or plain) before anything changes
+        make = lambda spec: CompactStorage(  # noqa: E731
+            restored.buffer_size,
+            engine.storing_device,
+            engine.storage_dir,
+            num_envs=restored.num_envs,
+            spec=spec,
+            end_keys=engine.end_keys,
+        )
+        try:
+            restored = compact.convert(restored, engine.compact, make, engine.storage_dir)
+        except BaseException:
+            table.close()
+            raise
+        assert restored.storage is not None
+        if engine.compact is not None and engine.storage.initialized:  # what load_checkpoint checks for plain ones
+            got = (restored.buffer_size, restored.storage.schema, restored.num_envs)
+            if got != (engine.ring.capacity, engine.schema, engine.num_envs):
+                restored.storage.close()
+                ours = f"{engine.schema!r} (buffer_size {engine.ring.capacity}, num_envs {engine.num_envs})"
+                raise CheckpointError(
+                    f"'{restored.source}' holds {got[1]!r} (buffer_size {got[0]}, num_envs {got[2]}) but this "
+                    f"buffer holds data of {ours}: reset() it first, or use ReplayBuffer.from_checkpoint()"
+                )
     if restored.storage is None:
         if restored.buffer_size != engine.ring.capacity:
             engine.clear(restored.buffer_size)
@@ -111,7 +151,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], data: bool, progress: b
 
 def load(rb: ReplayBuffer, path: str | os.PathLike[str], verify: bool, progress: bool | None) -> None:
     """``rb.load``: read, check (extras included), then adopt; ``rb`` is unchanged on any error."""
-    adopt(rb, load_checkpoint(buffer_state(rb), path, _checker(rb), verify, progress))
+    adopt(rb, load_checkpoint(buffer_state(rb, True), path, _checker(rb), verify, progress))
 
 
 def from_checkpoint(
@@ -144,7 +184,7 @@ def state_dict(rb: ReplayBuffer) -> dict[str, Any]:
 
 def load_state_dict(rb: ReplayBuffer, sd: Mapping[str, Any]) -> None:
     """``rb.load_state_dict(sd)``: checked as a load is, then adopted."""
-    adopt(rb, restore_state_dict(buffer_state(rb), sd, _checker(rb)))
+    adopt(rb, restore_state_dict(buffer_state(rb, True), sd, _checker(rb)))
 
 
 def copy_state(rb: ReplayBuffer) -> dict[str, Any]:

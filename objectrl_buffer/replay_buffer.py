@@ -20,6 +20,7 @@ from tensordict import TensorDict
 from torchrl.data import TensorDictReplayBuffer
 
 from objectrl_buffer import forks, persistence, reads
+from objectrl_buffer.checkpoint.compact import CompactSettings
 from objectrl_buffer.checkpoint.extras import ExtraState
 from objectrl_buffer.core import validate
 from objectrl_buffer.core.schema import Key
@@ -86,7 +87,7 @@ class ReplayBuffer:
     """
 
     #: Types of :attr:`checkpoint_extras` whose saved values give :meth:`from_checkpoint` constructor arguments.
-    extra_state_types: ClassVar[tuple[type, ...]] = ()
+    extra_state_types: ClassVar[tuple[type, ...]] = (CompactSettings,)
 
     def __init__(
         self,

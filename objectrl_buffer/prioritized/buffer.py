@@ -72,7 +72,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             does not load.
     """
 
-    extra_state_types = (Priorities,)
+    extra_state_types = (*ReplayBuffer.extra_state_types, Priorities)
 
     def __init__(
         self,

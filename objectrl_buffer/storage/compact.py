@@ -37,21 +37,22 @@ Compression of frame chunks (zstd/lz4) is not done: it would put a decode on eve
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from objectrl_buffer.core.schema import Field, Key, Schema, format_key
 from objectrl_buffer.errors import InvalidArgumentError, SchemaError
-from objectrl_buffer.storage.frame_pool import FramePool
+from objectrl_buffer.storage.fast_write import FastWriter
+from objectrl_buffer.storage.frame_stream import SUCCESSOR, FrameStream
 from objectrl_buffer.storage.table import TransitionStorage
 
 __all__ = ["CompactSpec", "CompactStorage", "VirtualColumn"]
 
-HEAD = -2  # a row's next value is the env's pending head value
-SUCCESSOR = -1  # ... its successor's observation
+_TRUE = torch.ones(1, 1, dtype=torch.bool)  # a failed single-row check, as _refuse takes it
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ class CompactSpec:
                 raise InvalidArgumentError(f"frame_stack maps key names to ints >= 1, got {key!r}: {k!r}")
             stacks.append((key, k))
         nexts = {n for n, _ in pairs}
+        if len({o for _, o in pairs}) < len(pairs):
+            raise InvalidArgumentError(f"next_of: one next key per observed key, got {dict(pairs)}")
         for _, o in pairs:
             if o in nexts:
                 raise InvalidArgumentError(f"next_of: '{o}' is itself a next key; name the observed key")
@@ -114,44 +117,6 @@ def _same(a: torch.Tensor, b: torch.Tensor, lead: int) -> torch.Tensor:
     """Per leading index (``lead`` dims), whether ``a`` and ``b`` hold the same bytes."""
     eq = _bits(a) == _bits(b)
     return eq.reshape(*eq.shape[:lead], -1).all(-1)
-
-
-class _Stream:
-    """One observed key: its frames, pool, per-row pool links and next keys."""
-
-    def __init__(self, field: Field, k: int, stacked: bool, nexts: list[Key], storage: CompactStorage) -> None:
-        self.field = field
-        self.key = field.key
-        self.k = k
-        self.stacked = stacked
-        self.nexts = nexts
-        cap, envs, device = storage.capacity, storage.num_envs, storage.device
-        self.frame_shape = field.shape[1:] if stacked else field.shape
-        self.span = cap // envs + k - 1  # frame steps kept per env: the rows' plus the margin
-        self.frames = TransitionStorage(self.span * envs, device, storage.directory)
-        frame_field = Field(field.key, self.frame_shape, field.dtype)
-        self.frames.initialize(Schema([frame_field]), {field.key: torch.zeros(self.frame_shape, dtype=field.dtype)})
-        self.pool = FramePool(field.shape, field.dtype, device)
-        self.anchor = torch.full((cap,), -1, dtype=torch.int64, device=device)  # pool id of the episode start
-        self.distance = torch.zeros(cap, dtype=torch.int64, device=device)  # steps since that start
-        self.carry_id = torch.full((envs,), -1, dtype=torch.int64, device=device)  # the head rows' anchor
-        self.carry_step = torch.zeros(envs, dtype=torch.int64, device=device)
-        self.last = torch.zeros((envs, *field.shape), dtype=field.dtype, device=device)  # head rows' value
-        self.next_link = {n: torch.full((cap,), HEAD, dtype=torch.int64, device=device) for n in nexts}
-        self.pending = {n: torch.zeros((envs, *field.shape), dtype=field.dtype, device=device) for n in nexts}
-
-    @property
-    def column(self) -> torch.Tensor:
-        return self.frames.columns[self.key]
-
-    @property
-    def nbytes(self) -> int:
-        per_row = self.anchor.numel() * 16 + sum(t.numel() * 8 for t in self.next_link.values())
-        heads = (1 + len(self.nexts)) * self.last.numel() * self.last.element_size()
-        return self.frames.nbytes + self.pool.nbytes + per_row + heads
-
-    def close(self) -> None:
-        self.frames.close()
 
 
 class VirtualColumn:
@@ -203,6 +168,28 @@ class _Columns(Mapping[Key, Any]):
         return 0 if schema is None else len(schema.fields)
 
 
+class _FastRow:
+    """The engine's per-step fast path (``storage.fast``) of a one-env CPU compact storage: the
+    :class:`~objectrl_buffer.storage.fast_write.FastWriter` of the whole schema checks and converts a plain
+    input into a one-row scratch, then :meth:`CompactStorage.write_one` checks the overlap and stores it."""
+
+    def __init__(self, storage: CompactStorage, schema: Schema) -> None:
+        self.storage = storage
+        scratch = {f.key: torch.zeros((1, *f.shape), dtype=f.dtype) for f in schema.fields}
+        self.writer = FastWriter.build(schema, scratch)
+        self.rows = {key: column.numpy()[0] for key, column in scratch.items()}
+
+    def write_row(self, data: Any, slot: int, cast_ok: Container[Key]) -> bool:
+        storage = self.storage
+        if self.writer is None or not storage.steps or not self.writer.write_row(data, 0, cast_ok):
+            return False
+        storage.write_one(slot, self.rows)
+        return True
+
+    def write_batch(self, data: Any, ring: Any) -> int:
+        return -1  # batches take the checked path (write_rows checks them as a whole)
+
+
 class CompactStorage:
     """Rows of one schema whose ``next_of``/``frame_stack`` keys are kept as frames (see the module docs).
 
@@ -215,7 +202,6 @@ class CompactStorage:
         spec: the claims. end_keys: keys whose non-zero value ends an episode (``terminated``, ``truncated``).
     """
 
-    fast = None
     arrays = None
 
     def __init__(
@@ -236,16 +222,19 @@ class CompactStorage:
         self.end_keys = tuple(end_keys)
         self.schema: Schema | None = None
         self.table: TransitionStorage | None = TransitionStorage(capacity, device, directory)
-        self.streams: dict[Key, _Stream] = {}
+        self.streams: dict[Key, FrameStream] = {}
         self.virtual: dict[Key, VirtualColumn] = {}
         self.columns: Mapping[Key, Any] = _Columns(self)
+        self.fast: _FastRow | None = None
         self.closed = False
         self._reset_rows()
 
     def _reset_rows(self) -> None:
         self.steps = 0  # env steps written since the storage was emptied
         self.step = torch.zeros(self.capacity, dtype=torch.int64, device=self.device)  # each row's env step
-        self.last_ended = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self.last_ended = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)  # the head rows'
+        if self.device.type == "cpu":
+            self.step_np, self.last_ended_np = self.step.numpy(), self.last_ended.numpy()
 
     # ------------------------------------------------------------------ what the engine reads
     @property
@@ -270,8 +259,16 @@ class CompactStorage:
         return table + self.step.numel() * 8 + sum(s.nbytes for s in self.streams.values())
 
     # ------------------------------------------------------------------ lifecycle
-    def initialize(self, schema: Schema, first_row: dict[Key, torch.Tensor], *, populate: bool = True) -> None:
-        """Check the claims against ``schema`` and allocate the table, frames and pools.
+    def initialize(
+        self,
+        schema: Schema,
+        first_row: dict[Key, torch.Tensor],
+        *,
+        populate: bool = True,
+        table: TransitionStorage | None = None,
+    ) -> None:
+        """Check the claims against ``schema`` and allocate the table, frames and pools. ``table``: take
+        this (restored) table of the other keys instead of allocating one (a checkpoint load).
 
         Raises:
             SchemaError: a claimed key is not written, a next key differs from its observed key in shape
@@ -291,28 +288,47 @@ class CompactStorage:
                 raise SchemaError(
                     f"key '{key}': frame_stack says {k} frames along the first axis, got shape {tuple(shape)}"
                 )
-        for nxt, obs in self.spec.next_of:
-            a, b = by_key[nxt], by_key[obs]
+        for later, obs in self.spec.next_of:
+            a, b = by_key[later], by_key[obs]
             if a.shape != b.shape or a.dtype != b.dtype:
                 raise SchemaError(
-                    f"key '{nxt}': next_of says it is the next row's '{obs}' ({b.describe()}), got {a.describe()}"
+                    f"key '{later}': next_of says it is the next row's '{obs}' ({b.describe()}), got {a.describe()}"
                 )
         observed = [f for f in schema.fields if f.key in stacks or f.key in {o for _, o in self.spec.next_of}]
         plain = [f for f in schema.fields if f.key not in self.spec.keys]
-        if plain:
+        if not plain:
+            raise SchemaError(
+                "next_of/frame_stack name every written key: a compact buffer needs at least one other key "
+                "(reward, action, terminated, ...)"
+            )
+        if table is not None:
+            if self.table is not None:
+                self.table.close()
+            self.table = table
+        else:
             assert self.table is not None
             self.table.initialize(Schema(plain), {f.key: first_row[f.key] for f in plain}, populate=populate)
-        else:
-            self.table = self.table.close() if self.table is not None else None
         for s in self.streams.values():
             s.close()
         self.streams = {}
+        self.observed_of: dict[Key, Key] = {n: o for n, o in self.spec.next_of}
         for f in observed:
-            nexts: list[Key] = [n for n, o in self.spec.next_of if o == f.key]
-            self.streams[f.key] = _Stream(f, stacks.get(str(f.key), 1), f.key in stacks, nexts, self)
+            nxt = next((n for n, o in self.spec.next_of if o == f.key), None)
+            self.streams[f.key] = FrameStream(
+                f,
+                stacks.get(str(f.key), 1),
+                f.key in stacks,
+                nxt,
+                capacity=self.capacity,
+                num_envs=self.num_envs,
+                device=self.device,
+                directory=self.directory,
+            )
         self.virtual = {f.key: VirtualColumn(self, f) for f in schema.fields if f.key in self.spec.keys}
         self.schema = schema
         self._reset_rows()
+        if self.device.type == "cpu" and self.num_envs == 1:
+            self.fast = _FastRow(self, schema)
 
     def release(self) -> None:
         """Drop the rows and the schema (``reset()``)."""
@@ -339,7 +355,7 @@ class CompactStorage:
     def _drop_streams(self) -> None:
         for s in self.streams.values():
             s.close()
-        self.streams, self.virtual, self.schema = {}, {}, None
+        self.streams, self.virtual, self.schema, self.fast = {}, {}, None, None
         if self.table is None and not self.closed:
             self.table = TransitionStorage(self.capacity, self.device, self.directory)
 
@@ -350,8 +366,77 @@ class CompactStorage:
     # ------------------------------------------------------------------ writes
     def write(self, slot: int, pairs: list[tuple[Any, Any]]) -> None:
         """One checked row at ``slot`` (the ring's pointer)."""
+        if self.num_envs == 1 and self.device.type == "cpu" and self.steps:
+            self.write_one(slot, {f.key: np.asarray(v) for f, v in pairs})
+            return
         batch = [(f, torch.as_tensor(v, dtype=f.dtype).reshape(f.shape).unsqueeze(0)) for f, v in pairs]
         self.write_rows(slot, batch, first=0, n=1)
+
+    def _ended(self, values: Mapping[Key, torch.Tensor], rows: int) -> torch.Tensor:
+        ended = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        for key in self.end_keys:
+            if key in values:
+                ended |= values[key].to(self.device).reshape(rows, -1).ne(0).any(1)
+        return ended
+
+    def write_one(self, slot: int, values: Mapping[Key, np.ndarray]) -> None:
+        """:meth:`write_rows` of one row of one env on the CPU, in plain Python and NumPy (the per-step path).
+        ``values``: the checked row, each key's value of its stored dtype and shape."""
+        ended = False
+        for key in self.end_keys:
+            if key in values:
+                value = values[key]
+                ended = ended or bool(value if value.size == 1 else value.any())
+        linked = not self.last_ended_np[0]
+        step = self.steps
+        for key, s in self.streams.items():  # every check before anything is written
+            x = values[key]
+            nx = None if s.next is None else values[s.next]
+            if linked:  # the previous row's next frame (or stack) is already stored: compare with it
+                stored = s.stored_one(step)
+                if nx is not None:
+                    if x.tobytes() != stored.tobytes():
+                        self._refuse(_TRUE, key, f"'{key}' of", f"'{s.next}' of")
+                elif s.stacked and x[:-1].tobytes() != stored[:-1].tobytes():
+                    self._refuse(_TRUE, key, "frames 0..k-2 of", "1..k-1 of")
+            if nx is not None and s.stacked and not ended and nx[:-1].tobytes() != x[1:].tobytes():
+                assert s.next is not None
+                self._refuse(_TRUE, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in")
+        oldest = step + 1 - self.capacity
+        for key, s in self.streams.items():
+            x = values[key]
+            s.pool.expire(oldest)
+            s.np_flat[step % s.span] = (x[-1] if s.stacked else x).reshape(-1)
+            if s.stacked and s.k > 1:
+                if linked:
+                    distance = step - int(s.np["carry_step"][0])
+                    anchor = int(s.np["carry_id"][0]) if distance <= s.k - 2 else -1
+                else:
+                    anchor = int(s.pool.push(torch.from_numpy(x).unsqueeze(0), torch.tensor([step + s.k - 2]))[0])
+                    distance = 0
+                    s.np["carry_id"][0], s.np["carry_step"][0] = anchor, step
+                s.np["anchor"][slot], s.np["distance"][slot] = anchor, distance
+            if s.next is not None:
+                nx = values[s.next]
+                if ended:
+                    link = s.pool.push(torch.from_numpy(nx).unsqueeze(0), torch.tensor([step]))
+                    s.np["next_link"][slot] = int(link[0])
+                else:
+                    s.np["next_link"][slot] = SUCCESSOR
+                    s.np_flat[(step + 1) % s.span] = (nx[-1] if s.stacked else nx).reshape(-1)
+        self.step_np[slot] = step
+        self.last_ended_np[0] = ended
+        self.steps = step + 1
+        table = self.table
+        if table is not None:
+            if table.arrays is None:
+                fields = [f for f in table.schema.fields] if table.schema is not None else []
+                table.write(slot, [(f, torch.from_numpy(np.ascontiguousarray(values[f.key]))) for f in fields])
+                return
+            if slot >= table.reserved:
+                table.reserve_rows(slot + 1)
+            for key, array in table.arrays.items():
+                array[slot] = values[key]
 
     @torch.no_grad()
     def write_rows(self, start: int, pairs: list[tuple[Any, Any]], first: int, n: int) -> None:
@@ -364,57 +449,58 @@ class CompactStorage:
         envs, cap, device = self.num_envs, self.capacity, self.device
         rows = first + n
         steps = rows // envs
-        values = {f.key: v for f, v in pairs}
-        ended = torch.zeros(rows, dtype=torch.bool, device=device)
-        for key in self.end_keys:
-            if key in values:
-                ended |= values[key].to(device).reshape(rows, -1).ne(0).any(1)
-        ended = ended.view(steps, envs)
-        prev_ended = torch.cat([self.last_ended.unsqueeze(0), ended[:-1]])  # [steps, E]: episode starts
-        links = ~prev_ended
+        values = {f.key: torch.as_tensor(v) for f, v in pairs}
+        ended = self._ended(values, rows).view(steps, envs)
+        starts = torch.cat([self.last_ended.unsqueeze(0), ended[:-1]])  # [steps, E]: episode starts
+        links = ~starts
+        first_step = self.steps
+        step_of = torch.arange(first_step, first_step + steps, device=device)  # [steps]
+        env_ids = torch.arange(envs, device=device)
         observed: dict[Key, torch.Tensor] = {}
         for key, s in self.streams.items():  # every check before anything is written
             x = values[key].to(device).view(steps, envs, *s.field.shape)
             observed[key] = x
-            prev = torch.cat([s.last.unsqueeze(0), x[:-1]])
+            stored = s.head_next(first_step)
+            if s.next is None:
+                if s.stacked and s.k > 1:
+                    older = torch.cat([stored[:, :-1].unsqueeze(0), x[:-1, :, 1:]])
+                    self._refuse(links & ~_same(x[:, :, :-1], older, 2), key, "frames 0..k-2 of", "1..k-1 of")
+                continue
+            nx = values[s.next].to(device).view(steps, envs, *s.field.shape)
+            before = torch.cat([stored.unsqueeze(0), nx[:-1]])
+            self._refuse(links & ~_same(x, before, 2), key, f"'{key}' of", f"'{s.next}' of")
             if s.stacked and s.k > 1:
-                self._refuse(links & ~_same(x[:, :, :-1], prev[:, :, 1:], 2), key, "frames 0..k-2 of", "1..k-1")
-            for nxt in s.nexts:
-                nx = values[nxt].to(device).view(steps, envs, *s.field.shape)
-                before = torch.cat([s.pending[nxt].unsqueeze(0), nx[:-1]])
-                self._refuse(links & ~_same(x, before, 2), nxt, f"'{key}' of", f"'{format_key(nxt)}' of")
-        first_step = self.steps
-        step_of = torch.arange(first_step, first_step + steps, device=device)  # [steps]
+                bad = ~ended & ~_same(nx[:, :, :-1], x[:, :, 1:], 2)
+                self._refuse(bad, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in")
         oldest = first_step + steps - cap // envs  # the oldest env step still held after this write
         kept = torch.arange(first, rows, device=device)
         slots = (start + kept - first) % cap
-        env_ids = torch.arange(envs, device=device)
-        head_slots = (start - first - envs + env_ids) % cap  # the env's newest rows before this write
         for key, s in self.streams.items():
             x = observed[key]
             s.pool.expire(oldest)
             newest = x[:, :, -1] if s.stacked else x
-            keep = min(steps, s.span)
-            frame_slots = ((step_of[-keep:] % s.span).unsqueeze(1) * envs + env_ids).reshape(-1)
-            s.frames.reserve_rows(int(frame_slots.max()) + 1)
-            s.column.index_copy_(0, frame_slots, newest[-keep:].reshape(-1, *s.frame_shape))
+            last = first_step + steps  # the newest frame written: the next one of the newest row
+            fresh = step_of >= last - s.span + 1  # frames older than that are overwritten in this write
+            frame_slots = ((step_of[fresh] % s.span).unsqueeze(1) * envs + env_ids).reshape(-1)
+            s.flat.index_copy_(0, frame_slots, newest[fresh].reshape(frame_slots.numel(), s.flat.shape[1]))
             if s.stacked and s.k > 1:
-                self._link_starts(s, x, prev_ended, step_of, kept, slots)
-            for nxt in s.nexts:
-                nx = values[nxt].to(device).view(steps, envs, *s.field.shape)
-                link = s.next_link[nxt]
-                if first_step:  # the previous head rows: their next is this write's first observation
-                    link[head_slots] = torch.where(self.last_ended, link[head_slots], SUCCESSOR)
-                ends = ended.nonzero()
-                ids = s.pool.push(nx[ends[:, 0], ends[:, 1]], step_of[ends[:, 0]])
-                per_row = torch.full((steps, envs), SUCCESSOR, dtype=torch.int64, device=device)
-                per_row[ends[:, 0], ends[:, 1]] = ids
-                per_row[-1] = torch.where(ended[-1], per_row[-1], HEAD)
-                link[slots] = per_row.reshape(-1)[kept]
-                s.pending[nxt] = nx[-1].clone()
-            s.last = x[-1].clone()
+                self._link_starts(s, x, starts, step_of, kept, slots)
+            if s.next is None:
+                continue
+            nx = values[s.next].to(device).view(steps, envs, *s.field.shape)
+            going = ~ended & (step_of + 1 >= last - s.span + 1).unsqueeze(1)  # [steps, E]
+            t, e = going.nonzero(as_tuple=True)
+            nxt_frames = (nx[:, :, -1] if s.stacked else nx)[t, e]
+            s.flat.index_copy_(
+                0, ((step_of[t] + 1) % s.span) * envs + e, nxt_frames.reshape(t.numel(), s.flat.shape[1])
+            )
+            ends = ended.nonzero()
+            ids = s.pool.push(nx[ends[:, 0], ends[:, 1]], step_of[ends[:, 0]])
+            per_row = torch.full((steps, envs), SUCCESSOR, dtype=torch.int64, device=device)
+            per_row[ends[:, 0], ends[:, 1]] = ids
+            s.next_link[slots] = per_row.reshape(-1)[kept]
         self.step[slots] = step_of.repeat_interleave(envs)[kept]
-        self.last_ended = ended[-1].clone()
+        self.last_ended.copy_(ended[-1])
         self.steps = first_step + steps
         if self.table is not None:
             plain = [(f, v) for f, v in pairs if f.key not in self.virtual]
@@ -432,7 +518,7 @@ class CompactStorage:
 
     def _link_starts(
         self,
-        s: _Stream,
+        s: FrameStream,
         x: torch.Tensor,
         starts: torch.Tensor,
         step_of: torch.Tensor,
@@ -452,50 +538,19 @@ class CompactStorage:
         anchor_step = torch.where(latest >= 0, step_of[at], s.carry_step)
         distance = step_of.unsqueeze(1) - anchor_step
         anchor = torch.where(distance <= s.k - 2, anchor, -1)
-        s.carry_id, s.carry_step = anchor[-1].clone(), anchor_step[-1].clone()
+        s.carry_id.copy_(anchor[-1])
+        s.carry_step.copy_(anchor_step[-1])
         s.anchor[slots] = anchor.reshape(-1)[kept]
         s.distance[slots] = distance.reshape(-1)[kept]
 
     # ------------------------------------------------------------------ reads
-    def _observed(self, s: _Stream, slots: torch.Tensor) -> torch.Tensor:
-        """Rows ``slots`` of the observed key of ``s`` (new tensor ``[B, *shape]``)."""
-        envs = self.num_envs
-        step = self.step.index_select(0, slots)
-        env = slots % envs
-        if not s.stacked:
-            return s.column.index_select(0, (step % s.span) * envs + env)
-        k, b = s.k, slots.numel()
-        back = torch.arange(k - 1, -1, -1, device=slots.device)  # steps back of frame i
-        frame_slots = ((step.unsqueeze(1) - back) % s.span) * envs + env.unsqueeze(1)
-        out = s.column.index_select(0, frame_slots.reshape(-1)).view(b, k, *s.frame_shape)
-        if k > 1:
-            anchor = s.anchor.index_select(0, slots)
-            distance = s.distance.index_select(0, slots)
-            need = (anchor >= 0).unsqueeze(1) & (back > distance.unsqueeze(1))  # [B, k]
-            if bool(need.any()):
-                row, i = need.nonzero(as_tuple=True)
-                flat = s.pool.data.view(-1, *s.frame_shape)
-                out[row, i] = flat.index_select(0, s.pool.slots(anchor[row]) * k + i + distance[row])
-        return out
-
-    def _next(self, s: _Stream, key: Key, slots: torch.Tensor) -> torch.Tensor:
-        link = s.next_link[key].index_select(0, slots)
-        out = self._observed(s, (slots + self.num_envs) % self.capacity)
-        explicit = link >= 0
-        if bool(explicit.any()):
-            out[explicit] = s.pool.data.index_select(0, s.pool.slots(link[explicit]))
-        head = link == HEAD
-        if bool(head.any()):
-            out[head] = s.pending[key].index_select(0, slots[head] % self.num_envs)
-        return out
-
     def gather_key(self, key: Key, slots: torch.Tensor) -> torch.Tensor:
         """Rows ``slots`` of one key (a new tensor on the storing device)."""
         if key in self.streams:
-            return self._observed(self.streams[key], slots)
+            return self.streams[key].observed(slots, self.step.index_select(0, slots))
         if key in self.virtual:
-            obs = dict(self.spec.next_of)[str(key)]
-            return self._next(self.streams[obs], key, slots)
+            s = self.streams[self.observed_of[key]]
+            return s.next_value(slots, self.step.index_select(0, slots))
         assert self.table is not None
         return self.table.gather(slots, [key])[key]
 

@@ -9,13 +9,15 @@ import torch
 FRAME = (2, 3)  # a tiny "image": the storage does not care about its size
 
 
-def env_rows(steps: int, k: int, seed: int, end_rate: float = 0.2, zero_pad: bool = False) -> list[dict[str, Any]]:
+def env_rows(
+    steps: int, k: int, seed: int, end_rate: float = 0.2, zero_pad: bool = False, frame_shape: tuple[int, ...] = FRAME
+) -> list[dict[str, Any]]:
     """``steps`` transitions of one env: ``state``/``next_state`` stacks of ``k`` frames (no stack axis for
     ``k == 0``), episode ends at random (terminated or truncated), reset padding repeated or zeros."""
     g = torch.Generator().manual_seed(seed)
 
     def frame() -> torch.Tensor:
-        return torch.randint(0, 256, FRAME, generator=g, dtype=torch.uint8)
+        return torch.randint(0, 256, frame_shape, generator=g, dtype=torch.uint8)
 
     rows: list[dict[str, Any]] = []
     stack: torch.Tensor | None = None
