@@ -47,7 +47,7 @@ import torch
 from objectrl_buffer.core.schema import Field, Key, Schema, format_key
 from objectrl_buffer.errors import InvalidArgumentError, SchemaError
 from objectrl_buffer.storage.fast_write import FastWriter
-from objectrl_buffer.storage.frame_stream import SUCCESSOR, FrameStream
+from objectrl_buffer.storage.frame_stream import SUCCESSOR, FrameStream, numpy_paths
 from objectrl_buffer.storage.table import TransitionStorage
 
 __all__ = ["CompactSpec", "CompactStorage", "VirtualColumn"]
@@ -327,7 +327,7 @@ class CompactStorage:
         self.virtual = {f.key: VirtualColumn(self, f) for f in schema.fields if f.key in self.spec.keys}
         self.schema = schema
         self._reset_rows()
-        if self.device.type == "cpu" and self.num_envs == 1:
+        if numpy_paths(self.device) and self.num_envs == 1:
             self.fast = _FastRow(self, schema)
 
     def release(self) -> None:
@@ -366,7 +366,7 @@ class CompactStorage:
     # ------------------------------------------------------------------ writes
     def write(self, slot: int, pairs: list[tuple[Any, Any]]) -> None:
         """One checked row at ``slot`` (the ring's pointer)."""
-        if self.num_envs == 1 and self.device.type == "cpu" and self.steps:
+        if self.num_envs == 1 and numpy_paths(self.device) and self.steps:
             self.write_one(slot, {f.key: np.asarray(v) for f, v in pairs})
             return
         batch = [(f, torch.as_tensor(v, dtype=f.dtype).reshape(f.shape).unsqueeze(0)) for f, v in pairs]

@@ -21,9 +21,12 @@ from objectrl_buffer.core.schema import Field, Key, Schema
 from objectrl_buffer.storage.frame_pool import FramePool
 from objectrl_buffer.storage.table import TransitionStorage
 
-__all__ = ["FrameStream", "SUCCESSOR"]
+__all__ = ["FrameStream", "SUCCESSOR", "NUMPY_ON_CPU", "numpy_paths"]
 
 SUCCESSOR = -1  # a row's next value is the next step's observation (else: a pool id)
+#: Whether CPU storage takes the NumPy paths (reads here, single-row writes in ``compact.py``); ``False``
+#: makes it take the accelerator's torch paths, which tests use to check those without an accelerator.
+NUMPY_ON_CPU = True
 _ZERO = np.zeros(1, np.int64)
 
 
@@ -66,7 +69,7 @@ class FrameStream:
         self.carry_id = torch.full((envs,), -1, dtype=torch.int64, device=device)  # the head rows' anchor
         self.carry_step = torch.zeros(envs, dtype=torch.int64, device=device)
         self.next_link = torch.full((cap,), SUCCESSOR, dtype=torch.int64, device=device)  # or a pool id
-        self.cpu = device.type == "cpu"
+        self.cpu = numpy_paths(device)
         if self.cpu:  # the single-row path's views (shared memory with the tensors above)
             self.np_flat = self.flat.numpy()
             self.np = {n: getattr(self, n).numpy() for n in ("anchor", "distance", "carry_id", "carry_step")}
@@ -167,3 +170,8 @@ class FrameStream:
         if bool(explicit.any()):
             value[explicit] = self.pool.data.index_select(0, self.pool.slots(link[explicit]))
         return value
+
+
+def numpy_paths(device: torch.device) -> bool:
+    """Whether a compact storage on ``device`` takes the NumPy paths (see :data:`NUMPY_ON_CPU`)."""
+    return device.type == "cpu" and NUMPY_ON_CPU

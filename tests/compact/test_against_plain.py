@@ -14,6 +14,7 @@ from tensordict import TensorDictBase
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.errors import ReplayBufferError
+from objectrl_buffer.storage import frame_stream
 from tests.compact.streams import env_rows, one_step, steps_of
 
 
@@ -52,22 +53,7 @@ def both(call: Any, plain: ReplayBuffer, compact: ReplayBuffer) -> None:
         assert_same(*results)
 
 
-writes = st.lists(st.tuples(st.booleans(), st.integers(1, 7)), min_size=1, max_size=6)
-
-
-@settings(max_examples=40, deadline=None)
-@given(
-    envs=st.sampled_from([1, 2, 3]),
-    k=st.sampled_from([0, 1, 2, 4]),
-    steps_per_env=st.integers(1, 6),
-    plan=writes,
-    end_rate=st.sampled_from([0.0, 0.2, 0.6]),
-    zero_pad=st.booleans(),
-    prioritized=st.booleans(),
-    seed=st.integers(0, 1000),
-)
-def test_every_read_matches_the_plain_buffer(
-    tmp_path_factory: pytest.TempPathFactory,
+def check_against_plain(
     envs: int,
     k: int,
     steps_per_env: int,
@@ -76,14 +62,16 @@ def test_every_read_matches_the_plain_buffer(
     zero_pad: bool,
     prioritized: bool,
     seed: int,
+    folder: pathlib.Path,
+    storing_device: str = "cpu",
 ) -> None:
+    """The writes of ``plan`` (``(batch?, steps)``) into a plain and a compact buffer, then every read of both."""
     total = sum(n for _, n in plan)
     streams = [env_rows(total, k, seed * 10 + e, end_rate, zero_pad) for e in range(envs)]
     cls = PrioritizedReplayBuffer if prioritized else ReplayBuffer
-    folder: pathlib.Path = tmp_path_factory.mktemp("compact")
     common: dict[str, Any] = {"seed": seed, "num_envs": envs, "storage_dir": folder}
-    plain = cls("cpu", "cpu", steps_per_env * envs, **common)
-    compact = cls("cpu", "cpu", steps_per_env * envs, **common, **compact_kwargs(k))
+    plain = cls(storing_device, storing_device, steps_per_env * envs, **common)
+    compact = cls(storing_device, storing_device, steps_per_env * envs, **common, **compact_kwargs(k))
     t = 0
     for batch, n in plan:
         for rb in (plain, compact):
@@ -112,3 +100,57 @@ def test_every_read_matches_the_plain_buffer(
     assert compact.nbytes > 0
     plain.close()
     compact.close()
+
+
+writes = st.lists(st.tuples(st.booleans(), st.integers(1, 7)), min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    envs=st.sampled_from([1, 2, 3]),
+    k=st.sampled_from([0, 1, 2, 4]),
+    steps_per_env=st.integers(1, 6),
+    plan=writes,
+    end_rate=st.sampled_from([0.0, 0.2, 0.6]),
+    zero_pad=st.booleans(),
+    prioritized=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_every_read_matches_the_plain_buffer(
+    tmp_path_factory: pytest.TempPathFactory,
+    envs: int,
+    k: int,
+    steps_per_env: int,
+    plan: list[tuple[bool, int]],
+    end_rate: float,
+    zero_pad: bool,
+    prioritized: bool,
+    seed: int,
+) -> None:
+    folder = tmp_path_factory.mktemp("compact")
+    check_against_plain(envs, k, steps_per_env, plan, end_rate, zero_pad, prioritized, seed, folder)
+
+
+#: Fixed cases for the accelerator paths: wraps, several envs, single and batch adds, episode ends.
+CASES = [
+    (1, 4, 5, [(False, 9), (True, 7), (False, 3)], 0.2, False, True, 1),
+    (3, 2, 3, [(True, 5), (False, 4), (True, 2)], 0.6, True, False, 2),
+    (2, 0, 4, [(True, 7), (False, 5)], 0.2, False, False, 3),
+    (1, 1, 2, [(False, 6), (True, 3)], 0.0, False, True, 4),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_accelerator_paths_match_the_plain_buffer_on_the_cpu(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, case: tuple[Any, ...]
+) -> None:
+    """The torch paths an accelerator storage takes, run on the CPU (NumPy paths off)."""
+    monkeypatch.setattr(frame_stream, "NUMPY_ON_CPU", False)
+    check_against_plain(*case, tmp_path)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", CASES)
+def test_accelerator_storage_matches_the_plain_buffer(tmp_path: pathlib.Path, case: tuple[Any, ...]) -> None:
+    check_against_plain(*case, tmp_path, storing_device="cuda")

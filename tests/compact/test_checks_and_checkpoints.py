@@ -152,3 +152,17 @@ def test_a_copy_of_a_compact_buffer_reads_the_same(tmp_path: pathlib.Path) -> No
     assert twin.engine.compact is not None
     for a, b in zip(reads(rb), reads(twin), strict=True):
         assert_same(a, b)
+
+
+def test_shared_memory_mode_serves_a_compact_buffers_rows(tmp_path: pathlib.Path) -> None:
+    from objectrl_buffer.distributed.process import become_shared, is_shared
+
+    rows = env_rows(30, 4, seed=8)
+    plain, compact = filled(tmp_path, rows[:20]), filled(tmp_path, rows[:20], **PIXELS)
+    become_shared(compact)  # what handing it to a child process does
+    assert is_shared(compact)
+    for row in rows[20:]:
+        plain.add(row)
+        compact.add(row)
+    assert_same(plain.sample_all(), compact.sample_all())
+    compact.close()
