@@ -177,7 +177,7 @@ class _FastRow:
         self.storage = storage
         scratch = {f.key: torch.zeros((1, *f.shape), dtype=f.dtype) for f in schema.fields}
         self.writer = FastWriter.build(schema, scratch)
-        self.rows = {key: column.numpy()[0] for key, column in scratch.items()}
+        self.rows = {key: column.numpy()[0, ...] for key, column in scratch.items()}  # views, 0-d ones too
 
     def write_row(self, data: Any, slot: int, cast_ok: Container[Key]) -> bool:
         storage = self.storage
