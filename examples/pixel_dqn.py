@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     """Train, report, and return the run's numbers (mean return, bytes per row, ...)."""
     args = parse_args(argv)
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off-screen: no display, no warning
+    os.environ.setdefault("SDL_NO_SIGNAL_HANDLERS", "1")  # else SDL swallows SIGINT/SIGTERM: Ctrl-C must stop a run
     import random
 
     import gymnasium as gym
