@@ -111,9 +111,10 @@ def stream(steps: int, seed: int, episode_len: tuple[int, int]) -> Iterator[Row]
         episode += 1
 
 
-def unique_frames(rows: list[Row]) -> int:
-    """Distinct frames the stored rows show (one per step plus each episode's first)."""
-    return len({f for r in rows for f in (*r.state_frames, r.next_frames[-1])})
+def unique_frames(newest: np.ndarray, first: np.ndarray) -> int:
+    """Distinct frames the stored rows show: each row's newest ``state`` frame and the frame after it, and
+    its episode's first frame (``newest``/``first``: the rows' global frame numbers)."""
+    return len(np.union1d(np.union1d(newest, newest + 1), first))
 
 
 # ---------------------------------------------------------------------------- the peers
@@ -422,13 +423,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         warm.sample(8)
         del warm
         gc.collect()
+        total = args.rows + args.adds
+        newest, first = np.zeros(total, np.int64), np.zeros(total, np.int64)  # before the RSS baseline
+        add_times: list[float] = []
         before = rss_mb()
         peer = cls(args.rows, pool, tmp)
-        add_times: list[float] = []
-        stored: list[Row] = []
         timed_from = args.rows  # the ring is full from here on: steady state
         pc, block, acc, count = time.perf_counter_ns, args.block, 0, 0
-        for i, r in enumerate(stream(args.rows + args.adds, args.seed, lens)):
+        for i, r in enumerate(stream(total, args.seed, lens)):
             item = peer.make_item(r)
             t = pc()
             peer.add(item)
@@ -438,11 +440,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 if count == block:
                     add_times.append(acc / block / 1e3)
                     acc = count = 0
-            stored.append(r)
-        stored = stored[-args.rows :]
+            newest[i], first[i] = r.frame, r.first
         gc.collect()
         res: dict[str, Any] = {"rss_mb": rss_mb() - before, "rows": args.rows}
-        res["unique_frames"] = unique_frames(stored)
+        res["unique_frames"] = unique_frames(newest[-args.rows :], first[-args.rows :])
         own = peer.own_bytes()
         res["own_bytes"] = own
         res["add"] = summary(add_times)
