@@ -36,6 +36,7 @@ Compression of frame chunks (zstd/lz4) is not done: it would put a decode on eve
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -45,8 +46,7 @@ import numpy as np
 import torch
 
 from objectrl_buffer.core.schema import Field, Key, Schema, format_key
-from objectrl_buffer.errors import InvalidArgumentError, SchemaError
-from objectrl_buffer.storage.fast_write import FastWriter
+from objectrl_buffer.errors import ForkedBufferError, InvalidArgumentError, SchemaError
 from objectrl_buffer.storage.frame_stream import SUCCESSOR, FrameStream, numpy_paths
 from objectrl_buffer.storage.table import TransitionStorage
 
@@ -168,22 +168,61 @@ class _Columns(Mapping[Key, Any]):
         return 0 if schema is None else len(schema.fields)
 
 
+def _nonzero(value: Any) -> bool:
+    """Whether a row's value of an episode-end key (a tensor, array or number) ends the episode."""
+    if isinstance(value, torch.Tensor):
+        return bool(value) if value.numel() == 1 else bool(value.any())
+    return bool(np.any(value))
+
+
 class _FastRow:
-    """The engine's per-step fast path (``storage.fast``) of a one-env CPU compact storage: the
-    :class:`~objectrl_buffer.storage.fast_write.FastWriter` of the whole schema checks and converts a plain
-    input into a one-row scratch, then :meth:`CompactStorage.write_one` checks the overlap and stores it."""
+    """The engine's per-step fast path (``storage.fast``) of a one-env CPU compact storage.
+
+    Takes a plain ``dict`` whose observed and next values are CPU tensors or arrays of exactly the stored
+    dtype and shape (used in place: no copy), checks the overlap (:meth:`CompactStorage.check_one`), writes
+    the other keys with the table's own :class:`~objectrl_buffer.storage.fast_write.FastWriter` (which checks
+    and converts them, or declines before writing), then stores the frames. Anything else declines
+    (``False``, nothing written) and the engine takes the checked path.
+    """
 
     def __init__(self, storage: CompactStorage, schema: Schema) -> None:
         self.storage = storage
-        scratch = {f.key: torch.zeros((1, *f.shape), dtype=f.dtype) for f in schema.fields}
-        self.writer = FastWriter.build(schema, scratch)
-        self.rows = {key: column.numpy()[0, ...] for key, column in scratch.items()}  # views, 0-d ones too
+        self.observed = {
+            f.key: (f.dtype, tuple(f.shape), np.dtype(str(f.dtype).removeprefix("torch.")))
+            for f in schema.fields
+            if f.key in storage.virtual
+        }
+        self.others = [f.key for f in schema.fields if f.key not in storage.virtual]
 
     def write_row(self, data: Any, slot: int, cast_ok: Container[Key]) -> bool:
         storage = self.storage
-        if self.writer is None or not storage.steps or not self.writer.write_row(data, 0, cast_ok):
+        table = storage.table
+        if type(data) is not dict or not storage.steps or table is None or table.fast is None:
             return False
-        storage.write_one(slot, self.rows)
+        values: dict[Key, Any] = {}
+        for key, (dtype, shape, np_dtype) in self.observed.items():
+            value = data.get(key)
+            if type(value) is torch.Tensor:
+                if value.dtype != dtype or value.shape != shape or value.device.type != "cpu":
+                    return False
+                value = value.detach().numpy()
+            elif type(value) is not np.ndarray or value.dtype != np_dtype or value.shape != shape:
+                return False
+            values[key] = value
+        others = {}
+        for key in self.others:
+            if key not in data:
+                return False
+            others[key] = data[key]
+        if len(data) != len(values) + len(others) + ("index" in data):
+            return False
+        ended = any(_nonzero(others[key]) for key in storage.end_keys if key in others)
+        storage.check_one(values, ended)
+        if slot >= table.reserved:
+            table.reserve_rows(slot + 1)
+        if not table.fast.write_row(others, slot, cast_ok):
+            return False
+        storage.store_one(slot, values, ended)
         return True
 
     def write_batch(self, data: Any, ring: Any) -> int:
@@ -227,6 +266,10 @@ class CompactStorage:
         self.columns: Mapping[Key, Any] = _Columns(self)
         self.fast: _FastRow | None = None
         self.closed = False
+        # Changes (writes, resets) so far, in memory a fork child shares: see _unchanged_since_fork()
+        self._owner = os.getpid()
+        self._changes = np.frombuffer(mmap.mmap(-1, 8), dtype=np.int64)
+        self._seen = 0  # the changes this process made or knows of
         self._reset_rows()
 
     def _reset_rows(self) -> None:
@@ -330,14 +373,35 @@ class CompactStorage:
         if numpy_paths(self.device) and self.num_envs == 1:
             self.fast = _FastRow(self, schema)
 
+    def _changed(self) -> None:
+        self._seen += 1
+        self._changes[0] = self._seen
+
+    def _unchanged_since_fork(self) -> None:
+        """In a process that inherited this storage through ``fork``: refuse to read once the parent has
+        written (or reset) it since. The frames are the parent's shared files, the links this process's
+        copy: rows rebuilt from both could be stacks that were never written.
+
+        Raises:
+            ForkedBufferError: the parent changed the rows since the fork.
+        """
+        if int(self._changes[0]) != self._seen:
+            raise ForkedBufferError(
+                "this compact (next_of/frame_stack) buffer was inherited through fork and the parent process has "
+                "written to it since: its rows cannot be read here. Share it before the fork "
+                "(objectrl_buffer.distributed.process.become_shared, or hand it to the Process) to read its rows"
+            )
+
     def release(self) -> None:
         """Drop the rows and the schema (``reset()``)."""
+        self._changed()
         if self.table is not None:
             self.table.release()
         self._drop_streams()
 
     def resize(self, capacity: int) -> None:
         """Drop the rows and take a new capacity."""
+        self._changed()
         self._drop_streams()
         self.capacity = capacity
         if self.table is not None:
@@ -381,15 +445,29 @@ class CompactStorage:
 
     def write_one(self, slot: int, values: Mapping[Key, np.ndarray]) -> None:
         """:meth:`write_rows` of one row of one env on the CPU, in plain Python and NumPy (the per-step path).
-        ``values``: the checked row, each key's value of its stored dtype and shape."""
-        ended = False
-        for key in self.end_keys:
-            if key in values:
-                value = values[key]
-                ended = ended or bool(value if value.size == 1 else value.any())
+        ``values``: the checked row, each key's value of its stored dtype and shape.
+
+        Raises:
+            SchemaError: as :meth:`write_rows` (nothing is stored).
+        """
+        ended = any(_nonzero(values[key]) for key in self.end_keys if key in values)
+        self.check_one(values, ended)
+        table = self.table
+        assert table is not None and table.schema is not None
+        if table.arrays is None:
+            table.write(slot, [(f, torch.from_numpy(np.ascontiguousarray(values[f.key]))) for f in table.schema.fields])
+        else:
+            if slot >= table.reserved:
+                table.reserve_rows(slot + 1)
+            for key, array in table.arrays.items():
+                array[slot] = values[key]
+        self.store_one(slot, values, ended)
+
+    def check_one(self, values: Mapping[Key, np.ndarray], ended: bool) -> None:
+        """Raise ``SchemaError`` if the observed and next values of one row (one env, CPU) break a claim."""
         linked = not self.last_ended_np[0]
         step = self.steps
-        for key, s in self.streams.items():  # every check before anything is written
+        for key, s in self.streams.items():
             x = values[key]
             nx = None if s.next is None else values[s.next]
             if linked:  # the previous row's next frame (or stack) is already stored: compare with it
@@ -402,6 +480,12 @@ class CompactStorage:
             if nx is not None and s.stacked and not ended and nx[:-1].tobytes() != x[1:].tobytes():
                 assert s.next is not None
                 self._refuse(_TRUE, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in")
+
+    def store_one(self, slot: int, values: Mapping[Key, np.ndarray], ended: bool) -> None:
+        """Store the frames and links of one checked row (:meth:`check_one`) at ``slot``; cannot fail."""
+        linked = not self.last_ended_np[0]
+        step = self.steps
+        self._changed()  # before and after the write: a fork child's read meanwhile sees a change
         oldest = step + 1 - self.capacity
         for key, s in self.streams.items():
             x = values[key]
@@ -427,16 +511,7 @@ class CompactStorage:
         self.step_np[slot] = step
         self.last_ended_np[0] = ended
         self.steps = step + 1
-        table = self.table
-        if table is not None:
-            if table.arrays is None:
-                fields = [f for f in table.schema.fields] if table.schema is not None else []
-                table.write(slot, [(f, torch.from_numpy(np.ascontiguousarray(values[f.key]))) for f in fields])
-                return
-            if slot >= table.reserved:
-                table.reserve_rows(slot + 1)
-            for key, array in table.arrays.items():
-                array[slot] = values[key]
+        self._changed()
 
     @torch.no_grad()
     def write_rows(self, start: int, pairs: list[tuple[Any, Any]], first: int, n: int) -> None:
@@ -472,6 +547,7 @@ class CompactStorage:
             if s.stacked and s.k > 1:
                 bad = ~ended & ~_same(nx[:, :, :-1], x[:, :, 1:], 2)
                 self._refuse(bad, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in")
+        self._changed()  # before and after the write: a fork child's read meanwhile sees a change
         oldest = first_step + steps - cap // envs  # the oldest env step still held after this write
         kept = torch.arange(first, rows, device=device)
         slots = (start + kept - first) % cap
@@ -502,6 +578,7 @@ class CompactStorage:
         self.step[slots] = step_of.repeat_interleave(envs)[kept]
         self.last_ended.copy_(ended[-1])
         self.steps = first_step + steps
+        self._changed()
         if self.table is not None:
             plain = [(f, v) for f, v in pairs if f.key not in self.virtual]
             self.table.write_rows(start, plain, first, n)
@@ -545,7 +622,19 @@ class CompactStorage:
 
     # ------------------------------------------------------------------ reads
     def gather_key(self, key: Key, slots: torch.Tensor) -> torch.Tensor:
-        """Rows ``slots`` of one key (a new tensor on the storing device)."""
+        """Rows ``slots`` of one key (a new tensor on the storing device).
+
+        Raises:
+            ForkedBufferError: in a fork child, once the parent has changed the rows.
+        """
+        if os.getpid() != self._owner:
+            self._unchanged_since_fork()
+            value = self._gather_key(key, slots)
+            self._unchanged_since_fork()
+            return value
+        return self._gather_key(key, slots)
+
+    def _gather_key(self, key: Key, slots: torch.Tensor) -> torch.Tensor:
         if key in self.streams:
             return self.streams[key].observed(slots, self.step.index_select(0, slots))
         if key in self.virtual:
@@ -559,7 +648,7 @@ class CompactStorage:
         wanted = list(self.columns) if keys is None else keys
         plain = [k for k in wanted if k not in self.virtual]
         got = {} if not plain or self.table is None else self.table.gather(slots, plain)
-        return {k: got[k] if k in got else self.gather_key(k, slots) for k in wanted}
+        return {k: got[k] if k in got else self.gather_key(k, slots) for k in wanted}  # gather_key: fork check
 
     def gather_range(self, start: int, stop: int, keys: list[Key] | None = None) -> dict[Key, torch.Tensor]:
         return self.gather(torch.arange(start, stop, device=self.device), keys)

@@ -3,6 +3,7 @@ same writes and seed: episode ends and truncations, ring wrap-around, several en
 
 from __future__ import annotations
 
+import os
 import pathlib
 from typing import Any
 
@@ -18,8 +19,12 @@ from objectrl_buffer.storage import frame_stream
 from tests.compact.streams import env_rows, one_step, steps_of
 
 
-def compact_kwargs(k: int) -> dict[str, Any]:
-    return {"next_of": {"next_state": "state"}, "frame_stack": {"state": k} if k else None}
+def compact_kwargs(k: int, with_next: bool = True) -> dict[str, Any]:
+    """``k == 0``: no stack axis, ``next_of`` only; ``with_next=False``: ``frame_stack`` only."""
+    return {
+        "next_of": {"next_state": "state"} if with_next or not k else None,
+        "frame_stack": {"state": k} if k else None,
+    }
 
 
 def assert_same(a: Any, b: Any) -> None:
@@ -64,6 +69,7 @@ def check_against_plain(
     seed: int,
     folder: pathlib.Path,
     storing_device: str = "cpu",
+    with_next: bool = True,
 ) -> None:
     """The writes of ``plan`` (``(batch?, steps)``) into a plain and a compact buffer, then every read of both."""
     total = sum(n for _, n in plan)
@@ -71,7 +77,7 @@ def check_against_plain(
     cls = PrioritizedReplayBuffer if prioritized else ReplayBuffer
     common: dict[str, Any] = {"seed": seed, "num_envs": envs, "storage_dir": folder}
     plain = cls(storing_device, storing_device, steps_per_env * envs, **common)
-    compact = cls(storing_device, storing_device, steps_per_env * envs, **common, **compact_kwargs(k))
+    compact = cls(storing_device, storing_device, steps_per_env * envs, **common, **compact_kwargs(k, with_next))
     t = 0
     for batch, n in plan:
         for rb in (plain, compact):
@@ -105,7 +111,7 @@ def check_against_plain(
 writes = st.lists(st.tuples(st.booleans(), st.integers(1, 7)), min_size=1, max_size=6)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=int(os.environ.get("COMPACT_EXAMPLES", "80")), deadline=None)
 @given(
     envs=st.sampled_from([1, 2, 3]),
     k=st.sampled_from([0, 1, 2, 4]),
@@ -115,6 +121,7 @@ writes = st.lists(st.tuples(st.booleans(), st.integers(1, 7)), min_size=1, max_s
     zero_pad=st.booleans(),
     prioritized=st.booleans(),
     seed=st.integers(0, 1000),
+    with_next=st.booleans(),
 )
 def test_every_read_matches_the_plain_buffer(
     tmp_path_factory: pytest.TempPathFactory,
@@ -126,9 +133,12 @@ def test_every_read_matches_the_plain_buffer(
     zero_pad: bool,
     prioritized: bool,
     seed: int,
+    with_next: bool,
 ) -> None:
     folder = tmp_path_factory.mktemp("compact")
-    check_against_plain(envs, k, steps_per_env, plan, end_rate, zero_pad, prioritized, seed, folder)
+    check_against_plain(
+        envs, k, steps_per_env, plan, end_rate, zero_pad, prioritized, seed, folder, with_next=with_next
+    )
 
 
 #: Fixed cases for the accelerator paths: wraps, several envs, single and batch adds, episode ends.

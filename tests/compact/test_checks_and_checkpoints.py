@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
-from objectrl_buffer.errors import CheckpointError, InvalidArgumentError, SchemaError
+from objectrl_buffer.errors import CheckpointError, ForkedBufferError, InvalidArgumentError, SchemaError
 from tests.compact.streams import env_rows, steps_of
 from tests.compact.test_against_plain import assert_same
 
@@ -166,3 +166,44 @@ def test_shared_memory_mode_serves_a_compact_buffers_rows(tmp_path: pathlib.Path
         compact.add(row)
     assert_same(plain.sample_all(), compact.sample_all())
     compact.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_child_reads_until_the_parent_writes_then_refuses(tmp_path: pathlib.Path) -> None:
+    rows = env_rows(20, 4, seed=9)
+    rb = filled(tmp_path, rows[:10], **PIXELS)
+    expected = rb.sample_all()
+    to_child, from_parent = os.pipe()
+    to_parent, from_child = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: reads the parent's rows, then (after the parent wrote) must refuse
+        code = 0
+        try:
+            if not torch.equal(rb.sample_all()["state"], expected["state"]):
+                code = 2
+            os.write(from_child, b"r")
+            os.read(to_child, 1)
+            try:
+                rb.sample_batch(4)
+                code = 3
+            except ForkedBufferError:
+                pass
+        finally:
+            os._exit(code)
+    assert os.read(to_parent, 1) == b"r"
+    rb.add(rows[10])
+    os.write(from_parent, b"w")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    rb.close()
+
+
+@pytest.mark.parametrize("new_size", [None, 8])
+def test_after_reset_a_compact_buffer_starts_new_streams(tmp_path: pathlib.Path, new_size: int | None) -> None:
+    rows = env_rows(30, 4, seed=10)
+    plain, compact = filled(tmp_path, rows[:15]), filled(tmp_path, rows[:15], **PIXELS)
+    for rb in (plain, compact):
+        rb.reset(new_size)
+        rb.add_batch(steps_of([rows], 17, 30))  # not the row after the last one: a new stream
+    for a, b in zip(reads(plain), reads(compact), strict=True):
+        assert_same(a, b)
