@@ -38,19 +38,20 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Container, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from objectrl_buffer.core.schema import Field, Key, Schema, format_key
+from objectrl_buffer.core.schema import Key, Schema, format_key
 from objectrl_buffer.errors import ForkedBufferError, InvalidArgumentError, SchemaError
+from objectrl_buffer.storage.compact_access import Columns, FastRow, VirtualColumn, nonzero
 from objectrl_buffer.storage.frame_stream import SUCCESSOR, FrameStream, numpy_paths
 from objectrl_buffer.storage.table import TransitionStorage
 
-__all__ = ["CompactSpec", "CompactStorage", "VirtualColumn"]
+__all__ = ["CompactSpec", "CompactStorage"]
 
 _TRUE = torch.ones(1, 1, dtype=torch.bool)  # a failed single-row check, as _refuse takes it
 
@@ -119,116 +120,6 @@ def _same(a: torch.Tensor, b: torch.Tensor, lead: int) -> torch.Tensor:
     return eq.reshape(*eq.shape[:lead], -1).all(-1)
 
 
-class VirtualColumn:
-    """A compact key's rows as far as readers of ``storage.columns`` need: ``index_select(0, slots)``,
-    slices (copies), ``shape``, ``dtype``, ``device``. Each read rebuilds the rows (new tensors)."""
-
-    def __init__(self, storage: CompactStorage, field: Field) -> None:
-        self._storage = storage
-        self.field = field
-        self.dtype = field.dtype
-        self.device = storage.device
-        self.shape = torch.Size([storage.capacity, *field.shape])
-
-    def dim(self) -> int:
-        return len(self.shape)
-
-    def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
-        assert dim == 0
-        return self._storage.gather_key(self.field.key, index)
-
-    def __getitem__(self, rows: slice) -> torch.Tensor:
-        start, stop, step = rows.indices(self.shape[0])
-        return self.index_select(0, torch.arange(start, stop, step, device=self.device))
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-
-class _Columns(Mapping[Key, Any]):
-    """The table's columns and the compact keys' :class:`VirtualColumn` s, in schema order."""
-
-    def __init__(self, storage: CompactStorage) -> None:
-        self._storage = storage
-
-    def __getitem__(self, key: Key) -> Any:
-        storage = self._storage
-        if key in storage.virtual:
-            return storage.virtual[key]
-        if storage.table is None:
-            raise KeyError(key)
-        return storage.table.columns[key]
-
-    def __iter__(self) -> Iterator[Key]:
-        schema = self._storage.schema
-        return iter(() if schema is None else [f.key for f in schema.fields])
-
-    def __len__(self) -> int:
-        schema = self._storage.schema
-        return 0 if schema is None else len(schema.fields)
-
-
-def _nonzero(value: Any) -> bool:
-    """Whether a row's value of an episode-end key (a tensor, array or number) ends the episode."""
-    if isinstance(value, torch.Tensor):
-        return bool(value) if value.numel() == 1 else bool(value.any())
-    return bool(np.any(value))
-
-
-class _FastRow:
-    """The engine's per-step fast path (``storage.fast``) of a one-env CPU compact storage.
-
-    Takes a plain ``dict`` whose observed and next values are CPU tensors or arrays of exactly the stored
-    dtype and shape (used in place: no copy), checks the overlap (:meth:`CompactStorage.check_one`), writes
-    the other keys with the table's own :class:`~objectrl_buffer.storage.fast_write.FastWriter` (which checks
-    and converts them, or declines before writing), then stores the frames. Anything else declines
-    (``False``, nothing written) and the engine takes the checked path.
-    """
-
-    def __init__(self, storage: CompactStorage, schema: Schema) -> None:
-        self.storage = storage
-        self.observed = {
-            f.key: (f.dtype, tuple(f.shape), np.dtype(str(f.dtype).removeprefix("torch.")))
-            for f in schema.fields
-            if f.key in storage.virtual
-        }
-        self.others = [f.key for f in schema.fields if f.key not in storage.virtual]
-
-    def write_row(self, data: Any, slot: int, cast_ok: Container[Key]) -> bool:
-        storage = self.storage
-        table = storage.table
-        if type(data) is not dict or not storage.steps or table is None or table.fast is None:
-            return False
-        values: dict[Key, Any] = {}
-        for key, (dtype, shape, np_dtype) in self.observed.items():
-            value = data.get(key)
-            if type(value) is torch.Tensor:
-                if value.dtype != dtype or value.shape != shape or value.device.type != "cpu":
-                    return False
-                value = value.detach().numpy()
-            elif type(value) is not np.ndarray or value.dtype != np_dtype or value.shape != shape:
-                return False
-            values[key] = value
-        others = {}
-        for key in self.others:
-            if key not in data:
-                return False
-            others[key] = data[key]
-        if len(data) != len(values) + len(others) + ("index" in data):
-            return False
-        ended = any(_nonzero(others[key]) for key in storage.end_keys if key in others)
-        storage.check_one(values, ended)
-        if slot >= table.reserved:
-            table.reserve_rows(slot + 1)
-        if not table.fast.write_row(others, slot, cast_ok):
-            return False
-        storage.store_one(slot, values, ended)
-        return True
-
-    def write_batch(self, data: Any, ring: Any) -> int:
-        return -1  # batches take the checked path (write_rows checks them as a whole)
-
-
 class CompactStorage:
     """Rows of one schema whose ``next_of``/``frame_stack`` keys are kept as frames (see the module docs).
 
@@ -263,8 +154,8 @@ class CompactStorage:
         self.table: TransitionStorage | None = TransitionStorage(capacity, device, directory)
         self.streams: dict[Key, FrameStream] = {}
         self.virtual: dict[Key, VirtualColumn] = {}
-        self.columns: Mapping[Key, Any] = _Columns(self)
-        self.fast: _FastRow | None = None
+        self.columns: Mapping[Key, Any] = Columns(self)
+        self.fast: FastRow | None = None
         self.closed = False
         # Changes (writes, resets) so far, in memory a fork child shares: see _unchanged_since_fork()
         self._owner = os.getpid()
@@ -371,7 +262,7 @@ class CompactStorage:
         self.schema = schema
         self._reset_rows()
         if numpy_paths(self.device) and self.num_envs == 1:
-            self.fast = _FastRow(self, schema)
+            self.fast = FastRow(self, schema)
 
     def _changed(self) -> None:
         self._seen += 1
@@ -450,7 +341,7 @@ class CompactStorage:
         Raises:
             SchemaError: as :meth:`write_rows` (nothing is stored).
         """
-        ended = any(_nonzero(values[key]) for key in self.end_keys if key in values)
+        ended = any(nonzero(values[key]) for key in self.end_keys if key in values)
         self.check_one(values, ended)
         table = self.table
         assert table is not None and table.schema is not None
