@@ -22,3 +22,15 @@ def test_the_main_jobs_numbers_come_from_the_committed_run() -> None:
     assert f"(seed {run['seed']}: {run['mean_return']:.1f}, the bar is 195)" in text
     assert f"the last {run['window']} episodes" in text
     assert run["mean_return"] >= 195  # the run the README shows did solve CartPole
+
+
+def test_the_readme_is_a_page_that_installs_from_a_clone() -> None:
+    """A newcomer reads it in about five minutes (at most ~150 lines, ~1,000 words at 200 a minute), and its
+    install commands work from a clone: the package is not on PyPI, so no `pip install objectrl_buffer[...]`."""
+    import re
+
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150
+    assert len(text.split()) <= 1_200
+    assert not re.search(r"pip install ['\"]?objectrl_buffer", text)
+    assert 'pip install -e ".[' in text
