@@ -21,6 +21,7 @@ from tensordict import TensorDict
 from objectrl_buffer.core.schema import Key, Schema, format_key
 from objectrl_buffer.core.validate import integer, positive_int
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, SchemaError
+from objectrl_buffer.her.settings import HerSettings
 from objectrl_buffer.replay_buffer import ReplayBuffer
 from objectrl_buffer.sampling.her import (
     Drawable,
@@ -98,6 +99,9 @@ class HerReplayBuffer(ReplayBuffer):
             :class:`~objectrl_buffer.ReplayBuffer`.
     """
 
+    #: ``from_checkpoint`` reads the saved relabeling settings back (:mod:`~objectrl_buffer.her.settings`).
+    extra_state_types = (*ReplayBuffer.extra_state_types, HerSettings)
+
     def __init__(
         self,
         device: torch.device | str,
@@ -162,6 +166,7 @@ class HerReplayBuffer(ReplayBuffer):
         self.next_desired_goal_key = next_desired
         self.info_keys = infos
         self._checked_schema: Schema | None = None  # the schema whose keys _check_keys accepted
+        self.checkpoint_extras.append(HerSettings(self))  # full checkpoints keep the relabeling settings
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
