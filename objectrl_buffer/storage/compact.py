@@ -53,6 +53,7 @@ from objectrl_buffer.storage.table import TransitionStorage
 
 __all__ = ["CompactSpec", "CompactStorage"]
 
+_SAME_ROW = "the same row, which does not end an episode"  # where a next stack's older frames come from
 _TRUE = torch.ones(1, 1, dtype=torch.bool)  # a failed single-row check, as _refuse takes it
 
 
@@ -370,7 +371,7 @@ class CompactStorage:
                     self._refuse(_TRUE, key, "frames 0..k-2 of", "1..k-1 of")
             if nx is not None and s.stacked and not ended and nx[:-1].tobytes() != x[1:].tobytes():
                 assert s.next is not None
-                self._refuse(_TRUE, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in")
+                self._refuse(_TRUE, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in", _SAME_ROW)
 
     def store_one(self, slot: int, values: Mapping[Key, np.ndarray], ended: bool) -> None:
         """Store the frames and links of one checked row (:meth:`check_one`) at ``slot``; cannot fail."""
@@ -437,7 +438,7 @@ class CompactStorage:
             self._refuse(links & ~_same(x, before, 2), key, f"'{key}' of", f"'{s.next}' of")
             if s.stacked and s.k > 1:
                 bad = ~ended & ~_same(nx[:, :, :-1], x[:, :, 1:], 2)
-                self._refuse(bad, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in")
+                self._refuse(bad, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in", _SAME_ROW)
         self._changed()  # before and after the write: a fork child's read meanwhile sees a change
         oldest = first_step + steps - cap // envs  # the oldest env step still held after this write
         kept = torch.arange(first, rows, device=device)
@@ -475,12 +476,18 @@ class CompactStorage:
             self.table.write_rows(start, plain, first, n)
 
     @staticmethod
-    def _refuse(bad: torch.Tensor, key: Key, ours: str, theirs: str) -> None:
+    def _refuse(
+        bad: torch.Tensor,
+        key: Key,
+        ours: str,
+        theirs: str,
+        where: str = "the env's previous row, which did not end an episode",
+    ) -> None:
         if bool(bad.any()):
             step, env = (int(i) for i in bad.nonzero()[0])
             raise SchemaError(
-                f"key '{format_key(key)}': {ours} row {step} of this write (env {env}) differ from {theirs} the "
-                "env's previous row, which did not end an episode; next_of/frame_stack promise they are equal. "
+                f"key '{format_key(key)}': {ours} row {step} of this write (env {env}) differ from {theirs} "
+                f"{where}; next_of/frame_stack promise they are equal. "
                 "Nothing was stored"
             )
 

@@ -207,3 +207,22 @@ def test_after_reset_a_compact_buffer_starts_new_streams(tmp_path: pathlib.Path,
         rb.add_batch(steps_of([rows], 17, 30))  # not the row after the last one: a new stream
     for a, b in zip(reads(plain), reads(compact), strict=True):
         assert_same(a, b)
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_next_stack_that_does_not_shift_its_own_rows_stack_is_named_as_such(
+    tmp_path: pathlib.Path, batch: bool
+) -> None:
+    """next_state[:-1] != state[1:] within one row that does not end an episode: the message says the same
+    row (not the previous one), and nothing is stored."""
+    rows = env_rows(12, 4, seed=1, end_rate=0.0)
+    rb = filled(tmp_path, rows[:6], **PIXELS)
+    bad = dict(rows[6])
+    bad["next_state"] = bad["next_state"].clone()
+    bad["next_state"][0, 0, 0] ^= 1  # an older frame of the next stack, not the new one
+    with pytest.raises(SchemaError, match=r"'next_state'.*frames 1\.\.k-1 of 'state' in the same row"):
+        if batch:
+            rb.add_batch(steps_of([[bad]], 0, 1))
+        else:
+            rb.add(bad)
+    assert len(rb) == 6 and rb.pointer == 6
