@@ -8,8 +8,9 @@ silently, but nothing may be lost here:
   source, every value survives the cast exactly: into an integer column it must lie in the column's
   range (int64 -> int32 only within int32's, -1 never into uint8), into a float column it must come
   back equal and finite (int64 -> float32: all of ``|v| <= 2**24``, beyond that only exact values such
-  as ``2**40``). A float into a narrower float rounds to nearest, as NumPy and torch do (a magnitude
-  beyond the column's range becomes +-inf).
+  as ``2**40``). A float into a narrower float rounds to nearest, as NumPy and torch do, but a finite
+  value beyond the column's range (``2**200`` into float32), which would become +-inf, is refused;
+  inf and nan stay inf and nan.
 * shape: the per-row shape may differ from the stored one only by dimensions of size 1 (stored ``()``
   takes ``[1]``, ``[1]`` takes ``()``, ``[3]`` takes ``[1, 3]``; ``[2, 3]`` never takes ``[3, 2]``).
   ``add_batch`` applies it to the shape after the leading batch dimension.
@@ -34,6 +35,8 @@ __all__ = [
     "exact_ints",
     "int_fits",
     "first_inexact",
+    "narrows",
+    "first_overflow",
     "same_meaning",
     "real_part",
 ]
@@ -104,6 +107,21 @@ def first_inexact(value: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor
     if bool(bad.any()):
         return None, value[bad].flatten()[0].item()
     return cast, None
+
+
+def narrows(source: torch.dtype, stored: torch.dtype) -> bool:
+    """Whether a finite float or complex value of ``source`` can overflow (to +-inf) in a ``stored`` column."""
+    if not (source.is_floating_point or source.is_complex) or not (stored.is_floating_point or stored.is_complex):
+        return False
+    return torch.finfo(real_part(stored)).max < torch.finfo(real_part(source)).max
+
+
+def first_overflow(value: torch.Tensor, cast: torch.Tensor) -> Any:
+    """The first finite element of ``value`` whose ``cast`` is not finite (it overflowed), or ``None``."""
+    bad = torch.isfinite(value) & ~torch.isfinite(cast)
+    if bool(bad.any()):
+        return value[bad].flatten()[0].item()
+    return None
 
 
 def same_meaning(shape: torch.Size, stored: torch.Size) -> bool:

@@ -21,6 +21,7 @@ their dtype (``np.float32``, ``np.float16``, ``np.int64``); a Python int is int6
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -38,7 +39,9 @@ from objectrl_buffer.core.casts import (
     cast_rule,
     exact_ints,
     first_inexact,
+    first_overflow,
     int_fits,
+    narrows,
     real_part,
     same_meaning,
 )
@@ -129,15 +132,34 @@ def _as_tensor(key: Key, value: Any) -> torch.Tensor:
             raise SchemaError(f"key '{format_key(key)}': a tensor {where} cannot be stored")
         return value
     if isinstance(value, float):
-        return torch.tensor(value, dtype=torch.get_default_dtype())
+        tensor = torch.tensor(value, dtype=torch.get_default_dtype())
+        if math.isfinite(value) and not bool(torch.isfinite(tensor)):
+            raise SchemaError(_overflow(key, value, tensor.dtype, "a Python float is held in torch's default dtype"))
+        return tensor
     if isinstance(value, np.ndarray) and not value.flags.writeable:
         value = value.copy()  # torch.from_numpy refuses read-only arrays
     try:
-        return torch.as_tensor(value)
+        tensor = torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise SchemaError(
             f"key '{format_key(key)}': a {type(value).__name__} cannot be stored as a tensor ({exc})"
         ) from None
+    if (
+        tensor.dtype == torch.get_default_dtype()
+        and not isinstance(value, (np.ndarray, np.generic))
+        and not bool(torch.isfinite(tensor).all())
+    ):  # Python floats in a list are held in the default dtype: one beyond it became inf
+        bad = first_overflow(torch.as_tensor(value, dtype=torch.float64), tensor)
+        if bad is not None:
+            raise SchemaError(
+                _overflow(key, bad, tensor.dtype, "Python floats in a list are held in torch's default dtype")
+            )
+    return tensor
+
+
+def _overflow(key: Key, value: Any, dtype: torch.dtype, why: str) -> str:
+    """The message for a finite ``value`` of ``key`` that ``dtype`` cannot hold (it would become +-inf)."""
+    return f"key '{format_key(key)}': the value {value} does not fit {_dtype_name(dtype)} (it would become inf; {why})"
 
 
 class Schema:
@@ -273,7 +295,14 @@ class Schema:
                 raise SchemaError(self._mismatch(field, "a Python float"))
             limit = torch.finfo(real_part(dtype)).max
             if not -limit <= value <= limit:  # torch refuses to write these; round like a tensor cast
-                return torch.tensor(value, dtype=torch.float64).to(dtype)
+                cast = torch.tensor(value, dtype=torch.float64).to(dtype)
+                if math.isfinite(value) and not bool(torch.isfinite(cast)):  # inf and nan fit; 2**200 does not
+                    raise SchemaError(
+                        self._mismatch(
+                            field, f"the float {value}, beyond {_dtype_name(dtype)}'s range (it would become inf)"
+                        )
+                    )
+                return cast
             return value
         if not int_fits(value, dtype):  # else the write fails half-way, or rounds the int
             raise SchemaError(self._mismatch(field, f"the int {value}, which {_dtype_name(dtype)} cannot hold exactly"))
@@ -293,7 +322,18 @@ class Schema:
             )
         tensor = tensor.detach()
         if rule == UNCHECKED:
-            return tensor.to(field.dtype)
+            narrowed = tensor.to(field.dtype)
+            if narrows(tensor.dtype, field.dtype):
+                bad = first_overflow(tensor, narrowed)
+                if bad is not None:
+                    raise SchemaError(
+                        self._mismatch(
+                            field,
+                            f"{what} of dtype {_dtype_name(tensor.dtype)} holding {bad}, "
+                            f"beyond {_dtype_name(field.dtype)}'s range (it would become inf)",
+                        )
+                    )
+            return narrowed
         cast, bad = first_inexact(tensor, field.dtype)
         if cast is None:
             raise SchemaError(

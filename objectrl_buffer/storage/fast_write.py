@@ -10,8 +10,9 @@ comparisons and write it through the NumPy view of the same memory (0.1-0.4 µs 
 The fast path only takes inputs it fully understands: a ``dict`` or a plain ``TensorDict`` with exactly
 the stored top-level keys (plus, maybe, the ignored ``"index"``), holding CPU ``torch.Tensor`` values
 of the stored dtype and shape, NumPy arrays or scalars of the stored shape whose dtype casts without a
-value check (:func:`~objectrl_buffer.core.schema.cast_rule`: float64 -> float32 yes, int64 -> int32 no), or
-Python numbers for 0-d keys that the column holds exactly (floats within its range). Anything
+value check (:func:`~objectrl_buffer.core.schema.cast_rule`: float64 -> float32 yes, int64 -> int32 no; a
+float column narrower than float64 takes them only if no value could overflow to inf, a cheap sum-of-squares or
+max check), or Python numbers for 0-d keys that the column holds exactly (floats within its range). Anything
 else returns "not handled" *before writing* and the caller takes the full path, which stores the same
 bytes or raises the precise error. So a rejected write still leaves the buffer unchanged.
 """
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from objectrl_buffer.core.casts import SAME, UNCHECKED, cast_rule, exact_ints
+from objectrl_buffer.core.casts import SAME, UNCHECKED, cast_rule, exact_ints, narrows, real_part
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.core.schema import INDEX_KEY, Key, Schema
 from objectrl_buffer.storage.row_writer import RowWriter, compile_row_writer, pwrite_rows
@@ -93,6 +94,12 @@ class FastWriter:
                 (field.key, field.dtype, tuple(field.shape), array, scalar, low, high, limit, {array.dtype: True})
             )
         self.entries = tuple(entries)
+        # columns where a NumPy batch of a wider float dtype is checked for values that would become inf
+        self._narrow = {
+            id(arrays[f.key]): float(torch.finfo(real_part(f.dtype)).max)
+            for f in schema.fields
+            if narrows(torch.float64, f.dtype)
+        }
         # the slot's bytes are written last, and only for wide columns: (fd, bytes per row) by column id
         self._wide = {id(arrays[key]): (fd, schema.by_key[key].row_bytes) for key, fd in self.fds.items()}
         #: ``write_row(data, slot, cast_ok=()) -> bool``: write one transition to ``slot`` if it is a plain
@@ -186,6 +193,12 @@ class FastWriter:
                     value = value.numpy()
                 elif kind is not np.ndarray or not (casts.get(value.dtype) or self.castable(casts, value.dtype, dtype)):
                     return -1
+                elif value.dtype is not array.dtype and id(array) in self._narrow:
+                    # a finite value beyond the column's range would become inf: the checked path refuses it
+                    # (nan and inf, or values near the limit, also take it; it decides element by element)
+                    limit = self._narrow[id(array)]
+                    if value.size and not np.abs(value).max() <= limit:  # nan propagates: checked path
+                        return -1
                 rows = value.shape
                 if len(rows) != len(shape) + 1 or rows[1:] != shape or (n >= 0 and rows[0] != n):
                     return -1

@@ -77,7 +77,12 @@ ACCEPTED = {
         torch.tensor(2.0**100, dtype=torch.float64),
     ),
     "python bool into int64 [1, 1]": (torch.zeros(1, 1, dtype=I64), True, torch.ones(1, 1, dtype=I64)),
-    "python float beyond float32 -> inf": (torch.tensor(0.0), 1e300, torch.tensor(float("inf"))),
+    "python float inf into float32 stays inf": (torch.tensor(0.0), float("inf"), torch.tensor(float("inf"))),
+    "numpy float64 -inf into float16 stays -inf": (
+        torch.zeros(2, dtype=torch.float16),
+        np.array([-np.inf, 1.0]),
+        torch.tensor([-np.inf, 1.0], dtype=torch.float16),
+    ),
     "float32 into complex64": (
         torch.zeros(1, dtype=torch.complex64),
         torch.tensor([1.5]),
@@ -105,6 +110,7 @@ REFUSED = {
     "numpy int64 2**24+1 into float32": (torch.tensor(0.0), np.array([2**24 + 1]), str(2**24 + 1)),
     "python int 2**24+1 into float32": (torch.tensor(0.0), 2**24 + 1, str(2**24 + 1)),
     "python int 10**400 into float32": (torch.tensor(0.0), 10**400, "int"),
+    "python float beyond float32": (torch.tensor(0.0), 1e300, "1e[+]300.*beyond float32's range"),
     "int64 min into float16 (overflow)": (
         torch.tensor(0.0, dtype=torch.float16),
         torch.tensor(-(2**63)),
@@ -282,8 +288,12 @@ def reference_accepts(src: np.dtype, dst: np.dtype, values: np.ndarray) -> bool:
         return True
     if dst.kind == "b":
         return False
-    if src.kind == "f":
-        return dst.kind == "f"
+    if src.kind == "f":  # a finite value must stay finite in the column (as torch casts it)
+        if dst.kind != "f":
+            return False
+        source = torch.from_numpy(np.array(values))
+        narrowed = source.to(torch.from_numpy(np.empty(0, dst)).dtype)
+        return not bool((torch.isfinite(source) & ~torch.isfinite(narrowed)).any())
     for v in values.ravel().tolist():  # an integer or bool source: every value must come back exactly
         if dst.kind in "iu":
             info = np.iinfo(dst)
