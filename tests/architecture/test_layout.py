@@ -27,6 +27,8 @@ ALLOWED: dict[str, set[str]] = {
     "prioritized": {"core", "storage", "sampling", "checkpoint", "engine", "replay_buffer", "reads"},
     "her": {"core", "storage", "sampling", "checkpoint", "engine", "replay_buffer", "reads"},
     "cli": {"core", "storage", "checkpoint"},
+    # upstream names over the rooms (RLinf, AWorld, AReaL): above every room, imported by nothing in the package
+    "compat": {"core", "storage", "sampling", "checkpoint", "engine", "flow", "tasks", "trajectory", "async_buffer"},
     "__init__": {"*"},
     "__main__": {"cli"},
 }
@@ -172,3 +174,15 @@ def test_tests_poke_no_private_attributes() -> None:
                 continue
             problems.append(f"{path.relative_to(tests.parent)}:{node.lineno} .{node.attr}")
     assert not problems, "tests reaching into private attributes:\n" + "\n".join(problems)
+
+
+def test_nothing_in_the_package_imports_the_compatibility_modules() -> None:
+    """``objectrl_buffer.compat`` sits above every room: loading the library never loads an upstream's names."""
+    problems = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+        for path in _sources()
+        if _part(path) != "compat"
+        for line, name, _ in _imports(path)
+        if name.split(".")[1:2] == ["compat"]
+    ]
+    assert not problems, "\n".join(problems)
