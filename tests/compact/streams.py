@@ -64,12 +64,14 @@ def steps_of(envs: list[list[dict[str, Any]]], t0: int, t1: int) -> dict[str, to
 
 def one_step(envs: list[list[dict[str, Any]]], t: int, form: str = "tensor") -> dict[str, Any]:
     """Step ``t`` as one ``add`` argument: a row for one env, else ``[E]`` rows. ``form`` (one env): how the
-    observations come, ``"tensor"``, ``"numpy"`` (arrays) or ``"strided"`` (tensors that are not contiguous)."""
+    observations come, ``"tensor"``, ``"numpy"`` (arrays), ``"readonly"`` (arrays that are not writeable) or
+    ``"strided"`` (tensors that are not contiguous)."""
     if len(envs) == 1:
         row = dict(envs[0][t])
         for key in ("state", "next_state"):
-            if form == "numpy":
-                row[key] = row[key].numpy()
+            if form in ("numpy", "readonly"):
+                row[key] = row[key].numpy().copy()
+                row[key].flags.writeable = form == "numpy"
             elif form == "strided":
                 row[key] = row[key].transpose(-1, -2).contiguous().transpose(-1, -2)
         return row

@@ -125,7 +125,7 @@ writes = st.lists(st.tuples(st.booleans(), st.integers(1, 7)), min_size=1, max_s
     prioritized=st.booleans(),
     seed=st.integers(0, 1000),
     with_next=st.booleans(),
-    form=st.sampled_from(["tensor", "numpy", "strided"]),
+    form=st.sampled_from(["tensor", "numpy", "readonly", "strided"]),
     loose_ends=st.booleans(),
 )
 def test_every_read_matches_the_plain_buffer(
