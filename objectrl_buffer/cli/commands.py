@@ -6,9 +6,10 @@
                                             counts and what reads it (:mod:`~objectrl_buffer.cli.kinds`)
     objectrl-buffer verify PATH             re-check every checksum: exit 0 if intact, 1 with the reason
     objectrl-buffer clean [--dry-run] [DIR ...]
-                                            remove storage folders and rate-limiter counter files left
-                                            by killed processes (default DIRs: /dev/shm and the temp
-                                            folder), listing them with sizes
+                                            remove what killed processes left (storage folders, shared
+                                            buffers' and task storages' folders, rate-limiter counter
+                                            files; default DIRs: /dev/shm and the temp folder), listing
+                                            them with sizes
 
     objectrl-buffer trajectories sample --load-path P [--num-chunks N --sample-window-size W
                                         --cache-size K --enable-cache]
@@ -23,8 +24,9 @@
 ``PATH`` is what was given to ``ReplayBuffer.save`` (the ``.metadata`` file's name is accepted too).
 ``inspect`` reads the metadata and the manifest only (and checks file sizes); ``verify`` reads every byte.
 Exit codes: 0 fine, 1 the checkpoint is missing or damaged (the reason goes to stderr), 2 bad usage.
-``clean`` only removes folders whose owner lock no process holds (:mod:`~objectrl_buffer.storage.folders`)
-and counter files whose creator is gone and that no process maps (:mod:`~objectrl_buffer.storage.shm_files`).
+``clean`` only removes storage folders whose owner lock no process holds (:mod:`~objectrl_buffer.storage.folders`),
+and counter files and shared folders whose creator is gone and that no process maps or holds open
+(:mod:`~objectrl_buffer.storage.shm_files`).
 """
 
 from __future__ import annotations
@@ -167,8 +169,9 @@ def _print_human(info: dict[str, Any]) -> None:
 
 def clean(dirs: list[str], dry_run: bool) -> int:
     """``clean``: remove (or with ``dry_run`` list) what killed processes left in ``dirs``: storage folders
-    whose owner lock nobody holds (:mod:`~objectrl_buffer.storage.folders`) and shared rate limiters'
-    counter files that no live process maps (:mod:`~objectrl_buffer.storage.shm_files`)."""
+    whose owner lock nobody holds (:mod:`~objectrl_buffer.storage.folders`), and shared rate limiters'
+    counter files, shared buffers' folders and task storages' temporary folders that no live process uses
+    (:mod:`~objectrl_buffer.storage.shm_files`)."""
     missing = [d for d in dirs if not os.path.isdir(d)]
     if missing:  # checked before anything is removed
         what = ", ".join(f"'{d}'" for d in missing)
@@ -177,7 +180,7 @@ def clean(dirs: list[str], dry_run: bool) -> int:
     verb = "would remove" if dry_run else "removed"
     total = count = 0
     for parent in dirs or [placement.SHM_DIR, tempfile.gettempdir()]:
-        kinds = ((folders.find_orphans, folders.remove), (shm_files.find_orphan_files, shm_files.remove_file))
+        kinds = ((folders.find_orphans, folders.remove), (shm_files.find_orphans, shm_files.remove))
         for find, remove in kinds:
             for orphan in find(parent):
                 if not dry_run and not remove(orphan):
@@ -280,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     verify = commands.add_parser("verify", help="re-check every checksum; exit 0 if intact, 1 if not")
     verify.add_argument("path", help="the checkpoint path given to ReplayBuffer.save (or its .metadata file)")
     sweep = commands.add_parser(
-        "clean", help="remove storage folders and counter files that killed processes left behind"
+        "clean",
+        help="remove the storage folders, shared folders and counter files that killed processes left behind",
     )
     sweep.add_argument("dirs", nargs="*", metavar="DIR", help="parent folders to look in (default: /dev/shm, temp)")
     sweep.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
