@@ -37,7 +37,7 @@ import pickle
 import re
 import zipfile
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
 import torch
@@ -54,6 +54,7 @@ from objectrl_buffer.trajectory.trajectory import check_weights_id
 
 __all__ = [
     "METADATA",
+    "NUM_ADDED",
     "INDEX",
     "LEGACY_INDEX",
     "FORMATS",
@@ -70,6 +71,8 @@ __all__ = [
 ]
 
 METADATA = "metadata.json"
+#: Metadata key of a checkpoint holding fewer trajectories than were added: how many were added (ours only).
+NUM_ADDED = "num_added"
 INDEX = "trajectory_index.json"
 LEGACY_INDEX = "trajector_index.json"  # RLinf's merge tool reads (and writes) this misspelling too
 FORMATS = ("pt", "pkl")
@@ -91,6 +94,9 @@ class Entry:
     model_weights_id: str
     nbytes: int | None = None  # the file's size and crc32, where the index records them (ours do, RLinf's not)
     crc32: int | None = None
+    #: the epoch-first rows of done-like fields given with ``T + E`` rows (``Flat.heads``), written back
+    #: into the file; in memory only, never in the index
+    heads: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def info(self) -> dict[str, Any]:
         """RLinf's index entry (JSON types), plus ``bytes`` and ``crc32`` where known."""
@@ -110,8 +116,8 @@ class Entry:
         return replace(self, trajectory_id=trajectory_id)
 
     def with_file(self, nbytes: int, crc32: int) -> Entry:
-        """This entry, recording its file's size and checksum."""
-        return replace(self, nbytes=nbytes, crc32=crc32)
+        """This entry, recording its file's size and checksum (an index entry: no :attr:`heads`)."""
+        return replace(self, nbytes=nbytes, crc32=crc32, heads={})
 
 
 @dataclass
@@ -369,13 +375,21 @@ def sync_files(folder: str, paths: list[str]) -> None:
 
 
 def write_index(
-    folder: str, entries: list[Entry], fmt: str, seed: Any, *, legacy: bool = False, storage_dir: str | None = None
+    folder: str,
+    entries: list[Entry],
+    fmt: str,
+    seed: Any,
+    *,
+    legacy: bool = False,
+    storage_dir: str | None = None,
+    note: dict[str, Any] | None = None,
 ) -> None:
     """Rewrite the index, then the metadata, of ``folder`` (each atomically) to name exactly ``entries``.
 
     The index goes first: a kill between the two leaves metadata counting fewer trajectories than the
     index lists, and the loaders here recount from the index. ``legacy`` also writes ``trajector_index.json``;
-    ``storage_dir`` is what the metadata names (default: ``folder``).
+    ``storage_dir`` is what the metadata names (default: ``folder``); ``note``: more metadata keys (RLinf
+    ignores keys it does not know), e.g. :data:`NUM_ADDED` and ``kept`` of a partial checkpoint.
     """
     index = {
         "trajectory_index": {str(e.trajectory_id): e.info() for e in entries},
@@ -392,6 +406,8 @@ def write_index(
         "trajectory_counter": max((e.trajectory_id for e in entries), default=-1) + 1,
         "seed": seed if isinstance(seed, int) else None,
     }
+    for key, value in (note or {}).items():
+        metadata.setdefault(key, value)  # never one of RLinf's keys above
     _write_json(os.path.join(folder, METADATA), metadata)
 
 
