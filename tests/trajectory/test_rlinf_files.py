@@ -240,6 +240,19 @@ CONFIGS: dict[str, Callable[[Path], str]] = {
 }
 
 
+def same_draws(ours: TrajectoryReplayBuffer, theirs: Any, where: str) -> None:
+    """Both generators were seeded from the folder: the same draws give the same rows, every field."""
+    if ours.total_samples == 0:  # a rank's empty share: both refuse alike
+        for rb in (ours, theirs):
+            with pytest.raises(RuntimeError, match="Cannot sample from an empty buffer"):
+                rb.sample(97)
+        return
+    a, b = leaves(ours.sample(97)), leaves(theirs.sample(97))
+    assert sorted(a) == sorted(b), where
+    for key in a:
+        assert torch.equal(a[key], b[key]), (where, key)
+
+
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_rlinf_reads_every_folder_we_write_as_we_do(tmp_path: Path, config: str) -> None:
     """rlinf 0.3.0's own loader (from its wheel) on our folders: the same trajectory count, transition count
@@ -249,25 +262,31 @@ def test_rlinf_reads_every_folder_we_write_as_we_do(tmp_path: Path, config: str)
     folder = CONFIGS[config](tmp_path)
     ours = TrajectoryReplayBuffer(seed=0, sample_window_size=0, allow_pickle=True)
     ours.load_checkpoint(folder)
-    theirs = module.TrajectoryReplayBuffer(
-        seed=0, sample_window_size=0, cache_size=64, auto_save=True, auto_save_path=str(tmp_path / "unused")
-    )
+
+    def upstream() -> Any:  # a fresh one per load: rlinf's window cache survives a load_checkpoint
+        made = module.TrajectoryReplayBuffer(
+            seed=0, sample_window_size=0, cache_size=64, auto_save=True, auto_save_path=str(tmp_path / "unused")
+        )
+        opened.append(made)
+        return made
+
+    opened: list[Any] = []
+    theirs = upstream()
     theirs.load_checkpoint(folder)
-    assert (len(theirs), theirs.total_samples) == (len(ours), ours.total_samples), config
-    assert list(theirs._trajectory_id_list) == ours.trajectory_ids
-    a, b = leaves(ours.sample(97)), leaves(theirs.sample(97))
-    assert sorted(a) == sorted(b)
-    for key in a:
-        assert torch.equal(a[key], b[key]), (config, key)
-    for rank in range(2):
+    index = json.loads((Path(folder) / "trajectory_index.json").read_text())
+    assert ours.trajectory_ids == index["trajectory_id_list"]  # RLinf takes that list as it is
+    assert theirs.get_stats()["num_trajectories"] == len(ours) and theirs.total_samples == ours.total_samples
+    same_draws(ours, theirs, config)
+    for rank in range(2):  # the same shares: counts, and rows for the same draws
         mine = TrajectoryReplayBuffer(seed=0, sample_window_size=0, allow_pickle=True)
         mine.load_checkpoint(folder, True, rank, 2)
+        theirs = upstream()
         theirs.load_checkpoint(folder, True, rank, 2)
-        assert (len(theirs), theirs.total_samples, list(theirs._trajectory_id_list)) == (
-            len(mine), mine.total_samples, mine.trajectory_ids,
-        )  # fmt: skip
+        assert (len(theirs), theirs.total_samples) == (len(mine), mine.total_samples)
+        same_draws(mine, theirs, f"{config}, rank {rank}")
         mine.close()
-    theirs.close()
+    for made in opened:
+        made.close()
     ours.close()
 
 
