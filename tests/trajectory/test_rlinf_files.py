@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import importlib.util
 import io
 import json
 import os
@@ -301,17 +302,15 @@ def two_ranks(tmp_path: Path) -> Path:
     return tmp_path / "src"
 
 
-def test_merge_shows_a_progress_bar_on_a_terminal(
-    two_ranks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    pytest.importorskip("tqdm")
+def merge_on_a_terminal(source: Path, target: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the merge command with stderr on a pseudo-terminal (as a user's shell gives it); what it showed."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal has a width
     terminal = os.fdopen(slave, "w", buffering=1)
     monkeypatch.delenv("CI", raising=False)
-    monkeypatch.setattr(sys, "stderr", terminal)  # a terminal, as a user's shell gives it
+    monkeypatch.setattr(sys, "stderr", terminal)
     try:
-        assert main(["trajectories", "merge", "--source-path", str(two_ranks), "--save-path", str(tmp_path / "o")]) == 0
+        assert main(["trajectories", "merge", "--source-path", str(source), "--save-path", str(target)]) == 0
         terminal.flush()
         shown = b""
         while select.select([master], [], [], 0)[0]:
@@ -319,9 +318,25 @@ def test_merge_shows_a_progress_bar_on_a_terminal(
     finally:
         terminal.close()
         os.close(master)
-    text = shown.decode(errors="replace")
+    return shown.decode(errors="replace")
+
+
+def test_merge_shows_a_progress_bar_on_a_terminal(
+    two_ranks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("tqdm")
+    text = merge_on_a_terminal(two_ranks, tmp_path / "o", monkeypatch)
     assert "copying trajectories" in text and "100%" in text, text
     assert "copied 6 trajectories" in capsys.readouterr().out
+
+
+def test_merge_on_a_terminal_without_tqdm_says_why_there_is_no_bar(
+    two_ranks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tqdm" else real(name, *a))
+    text = merge_on_a_terminal(two_ranks, tmp_path / "o", monkeypatch)
+    assert "no progress bar: tqdm is not installed" in text and "copying trajectories" not in text
 
 
 def test_merge_shows_no_progress_bar_when_piped(
