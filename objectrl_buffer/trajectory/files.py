@@ -5,7 +5,12 @@ Layout (RLinf's names and keys, so folders move both ways)::
     trajectory_{id}_{model_weights_id}.pt|pkl   a dict: fields [T, B, ...], dict fields, max_episode_length, ...
     trajectory_index.json                        {"trajectory_index": {"<id>": info}, "trajectory_id_list": [...]}
     metadata.json                                {storage_dir, storage_format, trajectory_format, size,
-                                                  total_samples, trajectory_counter, seed}
+                                                  total_samples, trajectory_counter, seed}, and a checkpoint
+                                                  holding fewer than were added: num_added, kept (a sentence)
+
+A trajectory file holds ``dones``/``terminations``/``truncations`` with the ``T + E`` rows they were added
+with (one per epoch start, as RLinf writes them); readers align them with ``rewards``
+(:mod:`~objectrl_buffer.trajectory.trajectory`).
 
 ``info`` is ``{num_samples, trajectory_id, max_episode_length, shape, model_weights_id}``; the folders written
 here add ``bytes`` and ``crc32`` (hex) of the file, checked on every read (RLinf ignores keys it does not know,
