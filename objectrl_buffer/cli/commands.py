@@ -15,9 +15,10 @@
                                         --cache-size K --enable-cache]
                                             load an RLinf trajectory folder, sample once, print keys and shapes
     objectrl-buffer trajectories merge --source-path SRC --save-path DST [--move]
-                                            merge SRC/rank_* folders into DST (copies unless --move); the
+                                            merge SRC/rank_* folders into DST (copies unless --move), ranks
+                                            in RLinf's order (names as text: rank_10 before rank_2); the
                                             index also goes to RLinf's misspelled trajector_index.json,
-                                            the name RLinf's loader reads
+                                            the name RLinf's loader reads; a progress bar on a terminal
     objectrl-buffer trajectories split --source-path SRC --save-path DST --split-count N [--move]
                                             the first N trajectories of SRC into DST, renumbered 0..N-1
 
@@ -32,6 +33,7 @@ and counter files and shared folders whose creator is gone and that no process m
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -222,6 +224,19 @@ def _trajectory_parser(commands: Any) -> None:
         tool.add_argument("--copy", action="store_true", help="accepted for RLinf's scripts: copying is the default")
 
 
+def _terminal_progress() -> bool:
+    """A progress bar for a copy: on a terminal (stderr, no ``CI`` variable) and with tqdm installed; on a
+    terminal without tqdm, a line on stderr says why there is none. Piped or redirected: none."""
+    from objectrl_buffer.checkpoint.io import interactive
+
+    if not interactive():
+        return False
+    if importlib.util.find_spec("tqdm") is None:
+        print("(no progress bar: tqdm is not installed; pip install tqdm)", file=sys.stderr)
+        return False
+    return True
+
+
 def trajectories(args: argparse.Namespace) -> int:
     """Run ``trajectories ...``; the room is imported here, so ``--help`` stays fast."""
     from objectrl_buffer.core.schema import format_key
@@ -249,15 +264,20 @@ def trajectories(args: argparse.Namespace) -> int:
                 value = batch.get(key)
                 print(f"  {format_key(key)}: {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}")
             return 0
+        progress = _terminal_progress()
         if args.action == "merge":
-            n = merge_rank_folders(args.source_path, args.save_path, move=args.move)
+            n = merge_rank_folders(args.source_path, args.save_path, move=args.move, progress=progress)
         else:
-            n = split_folder(args.source_path, args.save_path, args.split_count, move=args.move)
+            n = split_folder(args.source_path, args.save_path, args.split_count, move=args.move, progress=progress)
     except (ReplayBufferError, OSError) as exc:
         print(f"objectrl-buffer trajectories {args.action}: FAILED: {exc}", file=sys.stderr)
         return 1
     print(f"{'moved' if args.move else 'copied'} {n} trajectories into {args.save_path}")
     if args.action == "merge":
+        print(
+            "ids: renumbered in (original id, rank) order, ranks sorted by name as text as RLinf's toolkit "
+            "does (rank_10 before rank_2), so they are the ids RLinf's merge gives"
+        )
         print(
             "index: trajectory_index.json, and the same index as trajector_index.json (RLinf's merge tool's "
             "misspelled name, which RLinf's loader reads: keep both)"
