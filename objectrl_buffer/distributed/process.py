@@ -97,6 +97,7 @@ class SharedMode(_Base):
     data_size = property(lambda self: len(self.shared), doc="Stored transitions, over every process.")
     size = data_size
     schema = property(lambda self: self.shared.schema, doc="Stored keys, row shapes and dtypes.")
+    nbytes = property(lambda self: self.shared.nbytes, doc="Bytes of memory the shared files take (every process's).")
 
     @property
     def total_adds(self) -> int:
@@ -327,7 +328,7 @@ def become_shared(buffer: Any) -> None:
     _attach(buffer, shared)  # first: a thread sampling meanwhile (a Queue's feeder shares) finds every row
     _carry_over(buffer, shared, last)
     buffer.engine.clear()  # its own storage keeps only snapshots from now on
-    if isinstance(shared, SharedCompactBuffer):  # snapshots interleave many processes' streams: plain rows
+    if buffer.engine.compact is not None:  # snapshots interleave many processes' streams: plain rows
         _plain_snapshots(buffer.engine)
 
 

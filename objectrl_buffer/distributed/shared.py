@@ -205,6 +205,11 @@ class SharedBuffer:
         return int(self.servable(torch.arange(self.capacity)).sum())
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of memory the shared files take now: their allocated pages (a page never written takes none)."""
+        return sum(e.stat().st_blocks * 512 for e in os.scandir(self.folder) if e.is_file())
+
+    @property
     def pointer(self) -> int:
         """The next slot reserved (by any process)."""
         return self.slots.reserved % self.capacity

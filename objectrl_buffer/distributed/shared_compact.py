@@ -235,11 +235,6 @@ class SharedCompactBuffer(SharedBuffer):
     def pointer(self) -> int:
         return self.slots.reserved % self.capacity
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of memory the shared files hold now (allocated pages: the side entries only where used)."""
-        return sum(e.stat().st_blocks * 512 for e in os.scandir(self.folder) if e.is_file())
-
     def committed(self) -> int:
         seqs = self._window()
         return int(self._holds(seqs).sum())

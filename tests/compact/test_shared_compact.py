@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from objectrl_buffer import ReplayBuffer
+from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.distributed import become_shared
 from objectrl_buffer.distributed.shared_compact import SharedCompactBuffer
 from objectrl_buffer.errors import SchemaError
@@ -181,3 +181,37 @@ def test_a_slow_stream_among_fast_ones_stores_its_own_frames() -> None:
     assert {int(w) for w in got["id"][:, 0]} == {0, 1}
     slow.close()
     fast.close()
+
+
+def test_prioritized_claims_shared_snapshots_read_every_stream() -> None:
+    """A prioritized buffer with claims is shared with plain rows; its snapshots (``sample_all``) hold the
+    interleaved streams of two writer processes as written (its own storage keeps plain rows then)."""
+    rb = PrioritizedReplayBuffer("cpu", "cpu", 64, seed=0, **CLAIMS)
+    rb.add(tagged(0)[0])
+    ctx = mp.get_context("fork")
+
+    def child(rb: Any, w: int) -> None:
+        for row in tagged(w)[:40]:
+            rb.add(row)
+
+    procs = [ctx.Process(target=child, args=(rb, w)) for w in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert check_rows(rb.sample_all()) == 64
+    check_rows(rb.sample_batch(16))
+    rb.close()
+
+
+def test_a_batch_longer_than_the_ring_keeps_its_newest_rows() -> None:
+    rb = ReplayBuffer("cpu", "cpu", 32, **CLAIMS)
+    rows = tagged(0)
+    rb.add(rows[0])
+    become_shared(rb)
+    rb.add_batch(steps_of([rows], 1, 100))
+    rb.add_batch(steps_of([rows], 100, 110))
+    got = rb.shared.rows()
+    assert check_rows(got) == 32 and int(got["id"][0, 1]) == 78
+    rb.close()
