@@ -293,17 +293,18 @@ class SharedCompactBuffer(SharedBuffer):
             for key, value in values.items():
                 if key not in self.compact_keys:
                     self.columns[key].index_copy_(0, slots, value[lo:])
-            self.columns[_LINKS].index_copy_(0, slots, torch.from_numpy(links[lo:]))
             at = slots.numpy()
+            before = self._np(_LINKS)[at]  # the rows overwritten: which side entries they had (to free)
+            self.columns[_LINKS].index_copy_(0, slots, torch.from_numpy(links[lo:]))
             for o in self.observed:
                 x = raw[o.field.key]
                 newest = raw_next[o.next] if o.next is not None else x
                 own = newest.reshape(n, o.k, -1)[:, -1]
                 self._np(o.column("frame"))[at] = own[lo:]
-                self._side(o.column("start"), at, x[lo:], side[lo:] & (links[lo:, _ANCHOR] == seqs.numpy()))
+                self._side(o.column("start"), at, x[lo:], side[lo:], before[:, _DIST] == 0)
                 if o.next is not None and o.k > 1:
                     ends = (links[lo:, _ENDS] >> o.index) & 1 == 1
-                    self._side(o.column("end"), at, raw_next[o.next][lo:], ends)
+                    self._side(o.column("end"), at, raw_next[o.next][lo:], ends, (before[:, _ENDS] >> o.index) & 1 == 1)
         except BaseException:
             self.streams = streams  # the rows are not stored: the streams go on from before them
             self._abort(entry, seq, n)
@@ -320,15 +321,16 @@ class SharedCompactBuffer(SharedBuffer):
         assert array is not None
         return array
 
-    def _side(self, key: Key, at: np.ndarray, rows: np.ndarray, used: np.ndarray) -> None:
-        """Write side entries ``rows[used]`` at slots ``at[used]``; free the others' pages (punchable files)."""
+    def _side(self, key: Key, at: np.ndarray, rows: np.ndarray, used: np.ndarray, had: np.ndarray) -> None:
+        """Write side entries ``rows[used]`` at slots ``at[used]``; free the pages of the entries the rows
+        overwritten ``had`` there and these rows do not use (punchable files only)."""
         column = self._np(key)
         if used.any():
             column[at[used], : rows.shape[1]] = rows[used]
         fd = self._fds.get(key)
         if fd is not None:
             stride = column.shape[1]
-            for slot in at[~used].tolist():
+            for slot in at[had & ~used].tolist():
                 _punch(fd, slot * stride, stride)
 
     def _check(
