@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
-from objectrl_buffer.distributed import become_shared
+from objectrl_buffer.distributed import become_shared, share
 from objectrl_buffer.distributed.shared_compact import SharedCompactBuffer
 from objectrl_buffer.errors import SchemaError
 from tests.compact.streams import env_rows, steps_of
@@ -28,8 +28,11 @@ def tagged(writer: int, k: int = 4, frame: tuple[int, ...] = (2, 3), steps: int 
     larger frames get longer episodes (~20 steps)."""
     end_rate = 0.15 if frame == (2, 3) else 0.05
     rows = env_rows(steps, k, seed=100 + writer, end_rate=end_rate, frame_shape=frame)
+    g = torch.Generator().manual_seed(writer)
     for t, row in enumerate(rows):
         row["id"] = torch.tensor([writer, t])
+        if (row["terminated"] or row["truncated"]) and t % 2:  # an end whose next stack is not a shift
+            row["next_state"] = torch.randint(0, 256, row["next_state"].shape, generator=g, dtype=torch.uint8)
     return rows
 
 
@@ -214,4 +217,26 @@ def test_a_batch_longer_than_the_ring_keeps_its_newest_rows() -> None:
     rb.add_batch(steps_of([rows], 100, 110))
     got = rb.shared.rows()
     assert check_rows(got) == 32 and int(got["id"][0, 1]) == 78
+    rb.close()
+
+
+def test_share_gives_a_compact_handle_with_the_rows() -> None:
+    """``share(rb)`` of a buffer with claims: an explicit compact handle holding its rows, which a writer
+    process continues as its own stream."""
+    rb = ReplayBuffer("cpu", "cpu", 64, **CLAIMS)
+    rows = tagged(0)
+    rb.add_batch(steps_of([rows], 0, 40))
+    shared = share(rb)
+    assert isinstance(shared, SharedCompactBuffer)
+    assert check_rows(shared.rows()) == 40
+
+    def child(shared: SharedCompactBuffer) -> None:
+        for row in tagged(1)[:30]:
+            shared.add(row)
+
+    p = mp.get_context("fork").Process(target=child, args=(shared,))
+    p.start()
+    p.join(timeout=60)
+    assert p.exitcode == 0 and check_rows(shared.rows()) == 64
+    shared.close()
     rb.close()
