@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import dataclasses
 import json
 import os
 import weakref
@@ -284,16 +283,17 @@ class SharedCompactBuffer(SharedBuffer):
         first = seq + n - keep
         seqs = torch.arange(first, seq + n, dtype=torch.int64)
         slots = seqs % self.physical
-        streams = [dataclasses.replace(s, preds=list(s.preds)) for s in self.streams]
+        saved = [(s.preds, s.anchor, s.dist, s.ended) for s in self.streams]  # _link replaces, never mutates
         links, side = self._link(seq, n, keep, ended, shifts)
         entry = self.writers.enter(first, keep)
-        self.slots.begin(slots)
+        at = slots.numpy()
+        gens = self._gens
+        gens[1 + at] = 0  # begin: readers skip the slots from now on (NumPy stores: ~0.3 us, torch's ~3 us)
         try:
             lo = n - keep
             for key, value in values.items():
                 if key not in self.compact_keys:
                     self.columns[key].index_copy_(0, slots, value[lo:])
-            at = slots.numpy()
             before = self._np(_LINKS)[at]  # the rows overwritten: which side entries they had (to free)
             self.columns[_LINKS].index_copy_(0, slots, torch.from_numpy(links[lo:]))
             for o in self.observed:
@@ -306,13 +306,14 @@ class SharedCompactBuffer(SharedBuffer):
                     ends = (links[lo:, _ENDS] >> o.index) & 1 == 1
                     self._side(o.column("end"), at, raw_next[o.next][lo:], ends, (before[:, _ENDS] >> o.index) & 1 == 1)
         except BaseException:
-            self.streams = streams  # the rows are not stored: the streams go on from before them
+            for stream, (preds, anchor, dist, was_ended) in zip(self.streams, saved, strict=True):
+                stream.preds, stream.anchor, stream.dist, stream.ended = preds, anchor, dist, was_ended  # not stored
             self._abort(entry, seq, n)
             raise
         for stream, values_e in zip(self.streams, last, strict=True):
             stream.last = values_e
         lapped = self.writers.settle(first, keep)
-        self.slots.commit(slots[lapped:], seqs[lapped:])
+        gens[1 + at[lapped:]] = seqs.numpy()[lapped:] + 1  # commit
         self.writers.leave(entry)
         return seq
 
