@@ -42,9 +42,9 @@ import ctypes
 import ctypes.util
 import json
 import os
+import threading
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -53,60 +53,35 @@ from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer.checkpoint.io import atomic_write, read_small_file
 from objectrl_buffer.core.keys import INDEX_KEY
-from objectrl_buffer.core.schema import Field, Key, Schema, format_key
+from objectrl_buffer.core.schema import Field, Key, Schema
 from objectrl_buffer.core.validate import positive_int
+from objectrl_buffer.distributed.compact_links import (
+    DIST,
+    ENDS,
+    TAG,
+    Observed,
+    Stream,
+    check_overlaps,
+    link_rows,
+    plan_frames,
+)
 from objectrl_buffer.distributed.shared import _MAX_TRIES, SharedBuffer
-from objectrl_buffer.errors import EmptyBufferError, SchemaError
+from objectrl_buffer.errors import EmptyBufferError
 from objectrl_buffer.storage.table import make_tensordict
 
 __all__ = ["SharedCompactBuffer", "Observed"]
 
 _PAGE = 4096
-_TAG = "_compact"
+_TAG = TAG
 COMPACT_FILE = "compact.json"  # the claims, beside the shared ring's layout
 _LINKS: Key = (_TAG, "links")  # int64 [3 + D]: anchor ticket, distance, end bits, predecessor tickets 1..D
-_ANCHOR, _DIST, _ENDS, _PREDS = 0, 1, 2, 3
 #: Every live handle of this process: a fork child starts new streams.
 _LIVE: weakref.WeakSet[SharedCompactBuffer] = weakref.WeakSet()
-
-
-@dataclass(frozen=True)
-class Observed:
-    """One observed key: its field, stack length ``k`` (1 unstacked), next key (or ``None``), column names."""
-
-    field: Field
-    k: int
-    stacked: bool
-    next: Key | None
-    index: int
-
-    @property
-    def depth(self) -> int:
-        """Predecessors a row borrows frames from."""
-        return self.k if self.next is not None else self.k - 1
-
-    @property
-    def frame_bytes(self) -> int:
-        return self.field.row_bytes // self.k
-
-    def column(self, part: str) -> Key:
-        return (_TAG, str(self.index), part)
 
 
 def _stride(nbytes: int) -> int:
     """Bytes a side entry takes per slot: page-aligned (punchable) from half a page on."""
     return -(-nbytes // _PAGE) * _PAGE if nbytes >= _PAGE // 2 else nbytes
-
-
-@dataclass
-class _Stream:
-    """What a handle knows of one of its env streams: its newest rows' tickets and values."""
-
-    preds: list[int] = field(default_factory=list)  # tickets of the newest rows, newest first
-    anchor: int = -1
-    dist: int = 0
-    ended: bool = True  # no row yet, or the last one ended an episode
-    last: dict[Key, np.ndarray] = field(default_factory=dict)  # per observed key: the value the next row continues
 
 
 _libc: Any = None
@@ -218,7 +193,8 @@ class SharedCompactBuffer(SharedBuffer):
 
     def forget_streams(self) -> None:
         """Start new env streams (a new process: its rows continue none of another's)."""
-        self.streams = [_Stream() for _ in range(self.num_envs)]
+        self.streams = [Stream() for _ in range(self.num_envs)]
+        self.stream_lock = threading.Lock()  # threads of one handle write its streams one at a time
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -271,20 +247,26 @@ class SharedCompactBuffer(SharedBuffer):
         return self._store({f.key: torch.as_tensor(v, dtype=f.dtype) for f, v in pairs}, n), n
 
     def _store(self, values: dict[Key, torch.Tensor], n: int) -> int:
+        with self.stream_lock:  # a row checked against its stream's previous row must link to that row
+            return self._store_locked(values, n)
+
+    def _store_locked(self, values: dict[Key, torch.Tensor], n: int) -> int:
         raw = {o.field.key: _raw(values[o.field.key], n) for o in self.observed}
         raw_next = {o.next: _raw(values[o.next], n) for o in self.observed if o.next is not None}
         ended = np.zeros(n, dtype=bool)
         for key in self.end_keys:
             if key in values:
                 ended |= values[key].reshape(n, -1).ne(0).any(1).numpy()
-        shifts, last = self._check(raw, raw_next, ended, n)  # raises before anything is reserved
+        shifts, last = check_overlaps(
+            self.streams, self.observed, raw, raw_next, ended, n
+        )  # raises before anything is reserved
         keep = min(n, self.capacity)
         seq = self.slots.reserve(n)
         first = seq + n - keep
         seqs = torch.arange(first, seq + n, dtype=torch.int64)
         slots = seqs % self.physical
         saved = [(s.preds, s.anchor, s.dist, s.ended) for s in self.streams]  # _link replaces, never mutates
-        links, side = self._link(seq, n, keep, ended, shifts)
+        links, side = link_rows(self.streams, seq, n, keep, ended, shifts, self.depth, self.margin)
         entry = self.writers.enter(first, keep)
         at = slots.numpy()
         gens = self._gens
@@ -301,10 +283,10 @@ class SharedCompactBuffer(SharedBuffer):
                 newest = raw_next[o.next] if o.next is not None else x
                 own = newest.reshape(n, o.k, -1)[:, -1]
                 self._np(o.column("frame"))[at] = own[lo:]
-                self._side(o.column("start"), at, x[lo:], side[lo:], before[:, _DIST] == 0)
+                self._side(o.column("start"), at, x[lo:], side[lo:], before[:, DIST] == 0)
                 if o.next is not None and o.k > 1:
-                    ends = (links[lo:, _ENDS] >> o.index) & 1 == 1
-                    self._side(o.column("end"), at, raw_next[o.next][lo:], ends, (before[:, _ENDS] >> o.index) & 1 == 1)
+                    ends = (links[lo:, ENDS] >> o.index) & 1 == 1
+                    self._side(o.column("end"), at, raw_next[o.next][lo:], ends, (before[:, ENDS] >> o.index) & 1 == 1)
         except BaseException:
             for stream, (preds, anchor, dist, was_ended) in zip(self.streams, saved, strict=True):
                 stream.preds, stream.anchor, stream.dist, stream.ended = preds, anchor, dist, was_ended  # not stored
@@ -334,89 +316,7 @@ class SharedCompactBuffer(SharedBuffer):
             for slot in at[had & ~used].tolist():
                 _punch(fd, slot * stride, stride)
 
-    def _check(
-        self, raw: dict[Key, np.ndarray], raw_next: dict[Key, np.ndarray], ended: np.ndarray, n: int
-    ) -> tuple[np.ndarray, list[dict[Key, np.ndarray]]]:
-        """Check each row's overlaps against its stream's previous row (``SchemaError``); return, per row,
-        which keys' next stacks do not shift the row's own (bits, as the links' end bits), and each stream's
-        values the next write continues."""
-        envs = self.num_envs
-        shifts = np.zeros(n, dtype=np.int64)
-        last = [dict(s.last) for s in self.streams]
-        linked = [not s.ended for s in self.streams]
-        for i in range(n):
-            e = i % envs
-            for o in self.observed:
-                x = raw[o.field.key][i]
-                frames = x.reshape(o.k, -1)
-                if linked[e]:
-                    before = last[e][o.field.key]
-                    if o.next is not None:
-                        if x.tobytes() != before.tobytes():
-                            _refuse(o.field.key, i, e, f"'{format_key(o.field.key)}' of", f"'{o.next}' of")
-                    elif o.k > 1 and frames[:-1].tobytes() != before.reshape(o.k, -1)[1:].tobytes():
-                        _refuse(o.field.key, i, e, "frames 0..k-2 of", "1..k-1 of")
-                if o.next is not None:
-                    nx = raw_next[o.next][i]
-                    same = o.k == 1 or nx.reshape(o.k, -1)[:-1].tobytes() == frames[1:].tobytes()
-                    if not same and not ended[i]:
-                        _refuse(o.next, i, e, "frames 0..k-2 of", f"frames 1..k-1 of '{o.field.key}' in", True)
-                    shifts[i] |= int(not same) << o.index
-                    last[e][o.field.key] = nx
-                else:
-                    last[e][o.field.key] = x
-            linked[e] = not ended[i]
-        return shifts, last
-
-    def _link(
-        self, seq: int, n: int, keep: int, ended: np.ndarray, shifts: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's links (int64 ``[n, 3 + D]``) and whether it stores its whole value (``start``: it begins
-        an episode, follows a row that is not stored, or would borrow from more than ``margin`` tickets back);
-        advances the streams."""
-        envs, depth = self.num_envs, self.depth
-        links = np.full((n, 3 + depth), -1, dtype=np.int64)
-        links[:, _ENDS] = shifts
-        side = np.zeros(n, dtype=bool)
-        for i in range(n):
-            s = self.streams[i % envs]
-            r = seq + i
-            stored = i - envs >= n - keep if n > keep else True  # is the previous row of the stream stored?
-            anchor, dist = r, 0
-            if not s.ended and stored and s.preds:
-                dist = s.dist + 1
-                anchor = s.anchor if dist < depth else -1
-                used = s.preds[: min(depth, dist)] if anchor >= 0 else s.preds[:depth]
-                if anchor >= 0:
-                    used = [*used, anchor]
-                if len(s.preds) < min(depth, dist) or min(used) < r - self.margin:
-                    anchor, dist = r, 0  # a slow stream among fast ones: borrow nothing
-            links[i, _ANCHOR], links[i, _DIST] = anchor, dist
-            if anchor == r:
-                side[i] = True
-                s.preds = [r]
-            else:
-                links[i, _PREDS : _PREDS + len(s.preds)] = s.preds
-                s.preds = [r, *s.preds][:depth]
-            s.anchor, s.dist, s.ended = anchor, dist, bool(ended[i])
-        return links, side
-
     # ------------------------------------------------------------------ reads
-    def _plan(self, o: Observed, links: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per frame ``i`` of ``o``'s stack: ``(borrowed ticket or -1 for the own frame, from the anchor's
-        start?, frame of that start)`` per row."""
-        anchor, dist, seqs = links[:, _ANCHOR], links[:, _DIST], links[:, -1]
-        plan = []
-        for i in range(o.k):
-            b = o.k - i if o.next is not None else o.k - 1 - i
-            if b == 0:
-                plan.append((seqs, np.zeros(len(seqs), dtype=bool), np.zeros(len(seqs), dtype=np.int64)))
-                continue
-            from_anchor = (anchor >= 0) & (b > dist)
-            ticket = np.where(from_anchor, anchor, links[:, _PREDS + b - 1])
-            plan.append((ticket, from_anchor, np.clip(i + dist, 0, o.k - 1)))
-        return plan
-
     def _read(self, seqs: torch.Tensor) -> tuple[dict[Key, torch.Tensor], torch.Tensor]:
         """Rows of tickets ``seqs`` (int64 ``[B]``) and which of them were whole (the row and every row it
         borrows from held the recorded tickets throughout the copy, no write in flight over them)."""
@@ -424,7 +324,7 @@ class SharedCompactBuffer(SharedBuffer):
         slots = seqs % P
         before = self.slots.generations(slots)
         links = np.concatenate([self._np(_LINKS)[slots.numpy()], seqs.numpy()[:, None]], axis=1)
-        plans = {o.index: self._plan(o, links) for o in self.observed}
+        plans = {o.index: plan_frames(o, links) for o in self.observed}
         refs = np.unique(np.concatenate([t for plan in plans.values() for t, _, _ in plan] + [seqs.numpy()]))
         ref_slots = torch.from_numpy(refs % P)
         ref_before = self.slots.generations(ref_slots)
@@ -447,7 +347,7 @@ class SharedCompactBuffer(SharedBuffer):
             if o.next is not None:
                 nxt = np.concatenate([state[:, 1:], frames[at][:, None]], axis=1)
                 if o.k > 1:
-                    ends = ((links[:, _ENDS] >> o.index) & 1 == 1).nonzero()[0]
+                    ends = ((links[:, ENDS] >> o.index) & 1 == 1).nonzero()[0]
                     if ends.size:
                         whole = self._np(o.column("end"))[at[ends], : o.field.row_bytes]
                         nxt[ends] = whole.reshape(-1, o.k, fb)
@@ -529,14 +429,6 @@ class SharedCompactBuffer(SharedBuffer):
 def _typed(raw: np.ndarray, f: Field, n: int) -> torch.Tensor:
     """Bytes ``[n, ...]`` as ``n`` rows of field ``f``."""
     return torch.from_numpy(np.ascontiguousarray(raw).reshape(n, -1)).view(f.dtype).reshape(n, *f.shape)
-
-
-def _refuse(key: Key, row: int, env: int, ours: str, theirs: str, same_row: bool = False) -> None:
-    where = "the same row, which does not end an episode" if same_row else "the stream's previous row"
-    raise SchemaError(
-        f"key '{format_key(key)}': {ours} row {row} of this write (env {env}) differ from {theirs} {where}; "
-        "next_of/frame_stack promise they are equal. Nothing was stored"
-    )
 
 
 def _raw(value: torch.Tensor, n: int) -> np.ndarray:
