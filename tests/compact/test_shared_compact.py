@@ -72,6 +72,9 @@ def test_writer_processes_rows_bit_for_bit() -> None:
     procs = [ctx.Process(target=writer, args=(rb, w, w)) for w in range(3)]
     for p in procs:
         p.start()
+    reads = 0
+    while any(p.is_alive() for p in procs):  # the parent samples while the writers write and lap the ring
+        reads += check_rows(rb.sample_batch(16))
     for p in procs:
         p.join(timeout=60)
     assert [p.exitcode for p in procs] == [0, 0, 0]
