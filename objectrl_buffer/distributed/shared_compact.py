@@ -44,7 +44,7 @@ import json
 import os
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -67,6 +67,8 @@ from objectrl_buffer.distributed.compact_links import (
 )
 from objectrl_buffer.distributed.shared import _MAX_TRIES, SharedBuffer
 from objectrl_buffer.errors import EmptyBufferError
+from objectrl_buffer.storage.compact_access import nonzero
+from objectrl_buffer.storage.fast_write import FastWriter
 from objectrl_buffer.storage.table import make_tensordict
 
 __all__ = ["SharedCompactBuffer", "Observed"]
@@ -123,7 +125,17 @@ class SharedCompactBuffer(SharedBuffer):
         ]
         self.compact_keys = {o.field.key for o in self.observed} | {o.next for o in self.observed if o.next}
         self.depth = max(1, *(o.depth for o in self.observed))
-        self.fast = None  # every write takes this class's checked path
+        self.fast = None  # the ring's own per-step path does not know the compact keys: see _add_fast
+        others = Schema([f for f in self.schema.fields if f.key not in self.compact_keys])
+        self.plain_writer = FastWriter.build(others, {f.key: self.columns[f.key] for f in others.fields})
+        try:
+            self.fast_keys = {
+                key: (f.dtype, tuple(f.shape), np.dtype(str(f.dtype).removeprefix("torch.")))
+                for key in self.compact_keys
+                for f in [self.schema.by_key[key]]
+            }
+        except TypeError:  # a dtype without a NumPy twin (bfloat16): the checked path only
+            self.plain_writer = None
         self.chunk_rows, self.mapped_chunks = 0, bytearray()
         self.np = {key: col.numpy() if col.dtype != torch.bfloat16 else None for key, col in self.columns.items()}
         self._fds: dict[Key, int] = {}
@@ -232,8 +244,42 @@ class SharedCompactBuffer(SharedBuffer):
             SchemaError: it does not fit the schema, or breaks a claimed overlap with this handle's previous
                 row of the stream (nothing is stored, no slot is spent).
         """
+        if self.plain_writer is not None and self.num_envs == 1 and type(transition) is dict:
+            seq = self._add_fast(transition)
+            if seq >= 0:
+                return seq
         pairs, _ = self.schema.check(transition, batch_dims=0, warned=self._warned)
         return self._store({f.key: torch.as_tensor(v, dtype=f.dtype).reshape(1, *f.shape) for f, v in pairs}, 1)
+
+    def _add_fast(self, row: dict[Any, Any]) -> int:
+        """The per-step path of a plain ``dict`` whose observed and next values are CPU tensors or arrays of
+        the stored dtype and shape: NumPy throughout, the other keys through a
+        :class:`~objectrl_buffer.storage.fast_write.FastWriter`. ``-1`` (nothing done) for other inputs."""
+        raw: dict[Key, np.ndarray] = {}
+        for key, (dtype, shape, np_dtype) in self.fast_keys.items():
+            value = row.get(key)
+            if type(value) is torch.Tensor:
+                if value.dtype != dtype or value.shape != shape or value.device.type != "cpu":
+                    return -1
+                value = value.detach().numpy()
+            elif type(value) is not np.ndarray or value.dtype != np_dtype or value.shape != shape:
+                return -1
+            raw[key] = np.ascontiguousarray(value).reshape(1, -1).view(np.uint8)
+        others = {key: value for key, value in row.items() if key not in self.compact_keys}
+        ended = np.array([any(nonzero(others[key]) for key in self.end_keys if key in others)])
+        raw_next = {o.next: raw[o.next] for o in self.observed if o.next is not None}
+        writer = self.plain_writer
+
+        def plain(slots: torch.Tensor, lo: int) -> None:
+            assert writer is not None
+            if not writer.write_row(others, int(slots[0]), self._warned):  # declined before writing anything
+                pairs, _ = self.schema.check(row, batch_dims=0, warned=self._warned)  # raises, or the same bytes
+                for f, v in pairs:
+                    if f.key not in self.compact_keys:
+                        self.columns[f.key][int(slots[0])] = torch.as_tensor(v, dtype=f.dtype).reshape(f.shape)
+
+        with self.stream_lock:
+            return self._store_locked(raw, raw_next, ended, 1, plain)
 
     def add_batch(self, batch: TensorDictBase | Mapping[str, Any]) -> tuple[int, int]:
         """Store ``N`` rows (row ``i`` continues env ``i % num_envs``'s stream); return ``(first ticket, N)``.
@@ -247,16 +293,31 @@ class SharedCompactBuffer(SharedBuffer):
         return self._store({f.key: torch.as_tensor(v, dtype=f.dtype) for f, v in pairs}, n), n
 
     def _store(self, values: dict[Key, torch.Tensor], n: int) -> int:
-        with self.stream_lock:  # a row checked against its stream's previous row must link to that row
-            return self._store_locked(values, n)
-
-    def _store_locked(self, values: dict[Key, torch.Tensor], n: int) -> int:
+        """Store ``n`` checked rows (each key's values ``[n, *shape]`` of its stored dtype)."""
         raw = {o.field.key: _raw(values[o.field.key], n) for o in self.observed}
         raw_next = {o.next: _raw(values[o.next], n) for o in self.observed if o.next is not None}
         ended = np.zeros(n, dtype=bool)
         for key in self.end_keys:
             if key in values:
                 ended |= values[key].reshape(n, -1).ne(0).any(1).numpy()
+
+        def plain(slots: torch.Tensor, lo: int) -> None:
+            for key, value in values.items():
+                if key not in self.compact_keys:
+                    self.columns[key].index_copy_(0, slots, value[lo:])
+
+        with self.stream_lock:  # a row checked against its stream's previous row must link to that row
+            return self._store_locked(raw, raw_next, ended, n, plain)
+
+    def _store_locked(
+        self,
+        raw: dict[Key, np.ndarray],
+        raw_next: dict[Key, np.ndarray],
+        ended: np.ndarray,
+        n: int,
+        plain: Callable[[torch.Tensor, int], None],
+    ) -> int:
+        """Check, reserve, write (the other keys through ``plain(slots, first row kept)``) and publish."""
         shifts, last = check_overlaps(
             self.streams, self.observed, raw, raw_next, ended, n
         )  # raises before anything is reserved
@@ -273,9 +334,7 @@ class SharedCompactBuffer(SharedBuffer):
         gens[1 + at] = 0  # begin: readers skip the slots from now on (NumPy stores: ~0.3 us, torch's ~3 us)
         try:
             lo = n - keep
-            for key, value in values.items():
-                if key not in self.compact_keys:
-                    self.columns[key].index_copy_(0, slots, value[lo:])
+            plain(slots, lo)
             before = self._np(_LINKS)[at]  # the rows overwritten: which side entries they had (to free)
             self.columns[_LINKS].index_copy_(0, slots, torch.from_numpy(links[lo:]))
             for o in self.observed:
@@ -292,8 +351,8 @@ class SharedCompactBuffer(SharedBuffer):
                 stream.preds, stream.anchor, stream.dist, stream.ended = preds, anchor, dist, was_ended  # not stored
             self._abort(entry, seq, n)
             raise
-        for stream, values_e in zip(self.streams, last, strict=True):
-            stream.last = values_e
+        for stream, values_e in zip(self.streams, last, strict=True):  # copies: the caller may reuse its arrays
+            stream.last = {key: value.copy() for key, value in values_e.items()}
         lapped = self.writers.settle(first, keep)
         gens[1 + at[lapped:]] = seqs.numpy()[lapped:] + 1  # commit
         self.writers.leave(entry)

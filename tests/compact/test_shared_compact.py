@@ -243,3 +243,20 @@ def test_share_gives_a_compact_handle_with_the_rows() -> None:
     assert p.exitcode == 0 and check_rows(shared.rows()) == 64
     shared.close()
     rb.close()
+
+
+def test_an_array_reused_in_place_is_checked_as_it_was_written() -> None:
+    """An env that refills one array in place: a row whose ``state`` is the previous row's ``next_state``
+    array, changed since that row was written, does not continue what was stored and is refused."""
+    rows = [{k: v.numpy() for k, v in row.items()} for row in tagged(0)[:3]]
+    rb = ReplayBuffer("cpu", "cpu", 16, **CLAIMS)
+    rb.add(rows[0])
+    become_shared(rb)
+    buf = rows[1]["next_state"].copy()
+    rb.add({**rows[1], "next_state": buf})
+    buf[-1] ^= 1  # the env refills the array it handed over
+    with pytest.raises(SchemaError, match="state"):
+        rb.add({**rows[2], "state": buf, "next_state": rows[2]["next_state"]})
+    rb.add(rows[2])
+    assert check_rows(rb.shared.rows()) == 3
+    rb.close()
