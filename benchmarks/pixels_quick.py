@@ -69,8 +69,11 @@ def run(capacity: int, rounds: int, compact: bool, rows: list[dict[str, torch.Te
 
 def run_shared(capacity: int, rounds: int, compact: bool, rows: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     """:func:`run` on the buffer in shared-memory mode (``become_shared``: what handing it to a child does),
-    written and sampled by this process; ``nbytes``: the pages the shared files take."""
+    written and sampled by this process; ``nbytes``: the pages the shared files take. Torch runs
+    single-threaded here (as in ``pixel_bench.py``): small ops on a loaded 2-core VM otherwise wait on threads."""
     from objectrl_buffer.distributed import become_shared
+
+    torch.set_num_threads(1)
 
     kwargs = {"next_of": {"next_state": "state"}, "frame_stack": {"state": 4}} if compact else {}
     rb = ReplayBuffer("cpu", "cpu", capacity, seed=0, **kwargs)

@@ -448,13 +448,19 @@ class SharedCompactBuffer(SharedBuffer):
             seqs = self.slots.reserved - held + torch.randint(0, held, (need,), generator=self.generator)
             rows, ok = self._read(seqs)
             good = ok.nonzero().squeeze(1)
-            if good.numel():
+            if good.numel() == seqs.numel():
+                parts.append((rows, seqs))
+                need -= good.numel()
+            elif good.numel():
                 rows = {key: value.index_select(0, good) for key, value in rows.items()}
                 parts.append((rows, seqs.index_select(0, good)))
                 need -= good.numel()
             if not need:
-                out = {f.key: torch.cat([p[0][f.key] for p in parts]) for f in self.schema.fields}
-                drawn = torch.cat([p[1] for p in parts])
+                if len(parts) == 1:  # every row drawn first was whole: no copy
+                    out, drawn = parts[0]
+                else:
+                    out = {f.key: torch.cat([p[0][f.key] for p in parts]) for f in self.schema.fields}
+                    drawn = torch.cat([p[1] for p in parts])
                 out[INDEX_KEY] = drawn % self.capacity
                 if generations:
                     out["generation"] = drawn + 1
