@@ -138,6 +138,8 @@ class SharedCompactBuffer(SharedBuffer):
             self.plain_writer = None
         self.chunk_rows, self.mapped_chunks = 0, bytearray()
         self.np = {key: col.numpy() if col.dtype != torch.bfloat16 else None for key, col in self.columns.items()}
+        self.link_column = self._np(_LINKS)
+        self.frame_columns = {o.index: self._np(o.column("frame")) for o in self.observed}
         self._fds: dict[Key, int] = {}
         for i, f in enumerate(self.stored.fields):
             if f.key[0] == _TAG and f.key[-1] in ("start", "end") and f.shape[0] % _PAGE == 0:
@@ -270,13 +272,14 @@ class SharedCompactBuffer(SharedBuffer):
         raw_next = {o.next: raw[o.next] for o in self.observed if o.next is not None}
         writer = self.plain_writer
 
-        def plain(slots: torch.Tensor, lo: int) -> None:
+        def plain(at: np.ndarray, lo: int) -> None:
             assert writer is not None
-            if not writer.write_row(others, int(slots[0]), self._warned):  # declined before writing anything
+            slot = int(at[0])
+            if not writer.write_row(others, slot, self._warned):  # declined before writing anything
                 pairs, _ = self.schema.check(row, batch_dims=0, warned=self._warned)  # raises, or the same bytes
                 for f, v in pairs:
                     if f.key not in self.compact_keys:
-                        self.columns[f.key][int(slots[0])] = torch.as_tensor(v, dtype=f.dtype).reshape(f.shape)
+                        self.columns[f.key][slot] = torch.as_tensor(v, dtype=f.dtype).reshape(f.shape)
 
         with self.stream_lock:
             return self._store_locked(raw, raw_next, ended, 1, plain)
@@ -301,7 +304,8 @@ class SharedCompactBuffer(SharedBuffer):
             if key in values:
                 ended |= values[key].reshape(n, -1).ne(0).any(1).numpy()
 
-        def plain(slots: torch.Tensor, lo: int) -> None:
+        def plain(at: np.ndarray, lo: int) -> None:
+            slots = torch.from_numpy(at)
             for key, value in values.items():
                 if key not in self.compact_keys:
                     self.columns[key].index_copy_(0, slots, value[lo:])
@@ -315,7 +319,7 @@ class SharedCompactBuffer(SharedBuffer):
         raw_next: dict[Key, np.ndarray],
         ended: np.ndarray,
         n: int,
-        plain: Callable[[torch.Tensor, int], None],
+        plain: Callable[[np.ndarray, int], None],
     ) -> int:
         """Check, reserve, write (the other keys through ``plain(slots, first row kept)``) and publish."""
         shifts, last = check_overlaps(
@@ -324,24 +328,24 @@ class SharedCompactBuffer(SharedBuffer):
         keep = min(n, self.capacity)
         seq = self.slots.reserve(n)
         first = seq + n - keep
-        seqs = torch.arange(first, seq + n, dtype=torch.int64)
-        slots = seqs % self.physical
+        seqs = np.arange(first, seq + n, dtype=np.int64)
+        at = seqs % self.physical
         saved = [(s.preds, s.anchor, s.dist, s.ended) for s in self.streams]  # _link replaces, never mutates
         links, side = link_rows(self.streams, seq, n, keep, ended, shifts, self.depth, self.margin)
         entry = self.writers.enter(first, keep)
-        at = slots.numpy()
         gens = self._gens
         gens[1 + at] = 0  # begin: readers skip the slots from now on (NumPy stores: ~0.3 us, torch's ~3 us)
         try:
             lo = n - keep
-            plain(slots, lo)
-            before = self._np(_LINKS)[at]  # the rows overwritten: which side entries they had (to free)
-            self.columns[_LINKS].index_copy_(0, slots, torch.from_numpy(links[lo:]))
+            plain(at, lo)
+            link_column = self.link_column
+            before = link_column[at]  # the rows overwritten: which side entries they had (to free)
+            link_column[at] = links[lo:]
             for o in self.observed:
                 x = raw[o.field.key]
                 newest = raw_next[o.next] if o.next is not None else x
                 own = newest.reshape(n, o.k, -1)[:, -1]
-                self._np(o.column("frame"))[at] = own[lo:]
+                self.frame_columns[o.index][at] = own[lo:]
                 self._side(o.column("start"), at, x[lo:], side[lo:], before[:, DIST] == 0)
                 if o.next is not None and o.k > 1:
                     ends = (links[lo:, ENDS] >> o.index) & 1 == 1
@@ -354,7 +358,7 @@ class SharedCompactBuffer(SharedBuffer):
         for stream, values_e in zip(self.streams, last, strict=True):  # copies: the caller may reuse its arrays
             stream.last = {key: value.copy() for key, value in values_e.items()}
         lapped = self.writers.settle(first, keep)
-        gens[1 + at[lapped:]] = seqs.numpy()[lapped:] + 1  # commit
+        gens[1 + at[lapped:]] = seqs[lapped:] + 1  # commit
         self.writers.leave(entry)
         return seq
 
