@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from objectrl_buffer.distributed import become_shared, share
@@ -260,3 +262,57 @@ def test_an_array_reused_in_place_is_checked_as_it_was_written() -> None:
     rb.add(rows[2])
     assert check_rows(rb.shared.rows()) == 3
     rb.close()
+
+
+@settings(max_examples=int(os.environ.get("COMPACT_EXAMPLES", "20")), deadline=None)
+@given(
+    k=st.integers(1, 4),
+    with_next=st.booleans(),
+    capacity=st.integers(3, 40),
+    margin=st.integers(0, 12),
+    end_rate=st.sampled_from([0.0, 0.1, 0.4]),
+    writes=st.lists(st.tuples(st.integers(0, 1), st.integers(1, 6)), min_size=1, max_size=30),
+)
+def test_random_writes_of_two_streams_read_as_written(
+    k: int, with_next: bool, capacity: int, margin: int, end_rate: float, writes: list[tuple[int, int]]
+) -> None:
+    """Hypothesis: two handles (two streams) write random runs of rows; every held row reads back as written,
+    whatever the stack, the claims, the ring's size and a margin too small for the streams' lag."""
+    streams = [env_rows(200, k, seed=h, end_rate=end_rate) for h in (0, 1)]
+    for h, rows in enumerate(streams):
+        for t, row in enumerate(rows):
+            row["id"] = torch.tensor([h, t])
+            if not with_next:
+                del row["next_state"]
+    first = ReplayBuffer(
+        "cpu", "cpu", 8, frame_stack={"state": k}, next_of={"next_state": "state"} if with_next else None
+    )
+    first.add(streams[0][0])
+    handles = [
+        SharedCompactBuffer.create_compact(
+            first.schema,
+            capacity,
+            next_of={"next_state": "state"} if with_next else {},
+            frame_stack={"state": k},
+            end_keys=first.engine.end_keys,
+            margin=margin,
+        )
+    ]
+    handles.append(SharedCompactBuffer(handles[0].folder))
+    done, written = [0, 0], []
+    for h, n in writes:
+        batch = steps_of([streams[h]], done[h], done[h] + n)
+        if n == 1:
+            handles[h].add(streams[h][done[h]])
+        else:
+            handles[h].add_batch(batch)
+        written += [(h, t) for t in range(done[h], done[h] + n)]
+        done[h] += n
+    got = handles[0].rows()
+    assert [tuple(int(v) for v in got["id"][i]) for i in range(got.batch_size[0])] == written[-capacity:]
+    for i, (h, t) in enumerate(written[-capacity:]):
+        for key, value in streams[h][t].items():
+            assert torch.equal(got[key][i], value.reshape(got[key][i].shape)), (h, t, key)
+    handles[1].close()
+    handles[0].close()
+    first.close()
