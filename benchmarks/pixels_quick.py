@@ -1,7 +1,7 @@
 """Quick side-by-side of the compact pixel storage and the plain one (issue 25 part 1): per-step add and
 sample(32) of Atari rows (``uint8[4,84,84]`` state and next_state), and the bytes each buffer takes.
 
-    PYTHONPATH=$PWD python benchmarks/pixels_quick.py --capacity 20000
+    PYTHONPATH=$PWD python benchmarks/pixels_quick.py --capacity 20000 [--shared]
 
 Not a test: prints a small Markdown table (medians of the timed rounds, ratios compact / plain).
 """
@@ -67,11 +67,44 @@ def run(capacity: int, rounds: int, compact: bool, rows: list[dict[str, torch.Te
     return out
 
 
+def run_shared(capacity: int, rounds: int, compact: bool, rows: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """:func:`run` on the buffer in shared-memory mode (``become_shared``: what handing it to a child does),
+    written and sampled by this process; ``nbytes``: the pages the shared files take. Torch runs
+    single-threaded here (as in ``pixel_bench.py``): small ops on a loaded 2-core VM otherwise wait on threads."""
+    from objectrl_buffer.distributed import become_shared
+
+    torch.set_num_threads(1)
+
+    kwargs = {"next_of": {"next_state": "state"}, "frame_stack": {"state": 4}} if compact else {}
+    rb = ReplayBuffer("cpu", "cpu", capacity, seed=0, **kwargs)
+    rb.add(rows[0])
+    become_shared(rb)
+    n = len(rows)
+    for t in range(1, capacity):
+        rb.add(rows[t % n])
+    adds, samples = [], []
+    t = capacity
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(1000):
+            rb.add(rows[t % n])
+            t += 1
+        adds.append((time.perf_counter() - start) / 1000)
+        start = time.perf_counter()
+        for _ in range(200):
+            rb.sample_batch(32)
+        samples.append((time.perf_counter() - start) / 200)
+    out = {"add": statistics.median(adds), "sample32": statistics.median(samples), "nbytes": rb.nbytes}
+    rb.close()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--capacity", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--episode", type=int, default=1000, help="steps per episode of the synthetic stream")
+    parser.add_argument("--shared", action="store_true", help="also both buffers in shared-memory mode")
     args = parser.parse_args()
     rows = atari_rows(4 * args.episode, args.episode)
     plain = run(args.capacity, args.rounds, False, rows)
@@ -86,6 +119,17 @@ def main() -> None:
     p, c = plain["nbytes"], compact["nbytes"]
     print(f"| nbytes (MB) | {p / 1e6:.1f} | {c / 1e6:.1f} | {c / p:.3f}x |")
     print(f"| nbytes / unique-frame bytes | {p / unique:.2f} | {c / unique:.3f} | |")
+    if args.shared:  # the same, shared (one writer process: the per-step cost of the shared paths)
+        plain = run_shared(args.capacity, args.rounds, False, rows)
+        compact = run_shared(args.capacity, args.rounds, True, rows)
+        print("\n| shared memory | plain | compact | compact / plain |")
+        print("|---|---|---|---|")
+        for key, unit, scale in (("add", "us", 1e6), ("sample32", "us", 1e6)):
+            p, c = plain[key] * scale, compact[key] * scale
+            print(f"| {key} ({unit}) | {p:.1f} | {c:.1f} | {c / p:.2f}x |")
+        p, c = plain["nbytes"], compact["nbytes"]
+        print(f"| shared files (MB) | {p / 1e6:.1f} | {c / 1e6:.1f} | {c / p:.3f}x |")
+        print(f"| shared files / unique-frame bytes | {p / unique:.2f} | {c / unique:.3f} | |")
 
 
 if __name__ == "__main__":

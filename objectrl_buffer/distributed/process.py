@@ -50,6 +50,7 @@ from objectrl_buffer.core.envs import check_env_step, flatten_steps
 from objectrl_buffer.core.keys import INDEX_KEY
 from objectrl_buffer.core.ring import Ring
 from objectrl_buffer.distributed.shared import SharedBuffer
+from objectrl_buffer.distributed.shared_compact import SharedCompactBuffer
 from objectrl_buffer.distributed.shared_prioritized import SharedPrioritizedBuffer, open_shared
 from objectrl_buffer.errors import InvalidArgumentError
 from objectrl_buffer.flow.limiter import RateLimiter
@@ -96,6 +97,7 @@ class SharedMode(_Base):
     data_size = property(lambda self: len(self.shared), doc="Stored transitions, over every process.")
     size = data_size
     schema = property(lambda self: self.shared.schema, doc="Stored keys, row shapes and dtypes.")
+    nbytes = property(lambda self: self.shared.nbytes, doc="Bytes of memory the shared files take (every process's).")
 
     @property
     def total_adds(self) -> int:
@@ -302,6 +304,16 @@ def become_shared(buffer: Any) -> None:
         shared = SharedPrioritizedBuffer.create(
             buffer.schema, buffer.buffer_size, start=start, alpha=buffer.alpha, eps=buffer.eps
         )
+    elif buffer.engine.compact is not None:  # the compact form in shared memory: one frame a row
+        shared = SharedCompactBuffer.create_compact(
+            buffer.schema,
+            buffer.buffer_size,
+            next_of=buffer.engine.compact.next_of,
+            frame_stack=buffer.engine.compact.frame_stack,
+            end_keys=buffer.engine.end_keys,
+            num_envs=buffer.num_envs,
+            start=start,
+        )
     else:
         shared = SharedBuffer.create(buffer.schema, buffer.buffer_size, start=start)
     ring = buffer.engine.ring
@@ -316,6 +328,16 @@ def become_shared(buffer: Any) -> None:
     _attach(buffer, shared)  # first: a thread sampling meanwhile (a Queue's feeder shares) finds every row
     _carry_over(buffer, shared, last)
     buffer.engine.clear()  # its own storage keeps only snapshots from now on
+    if buffer.engine.compact is not None:  # snapshots interleave many processes' streams: plain rows
+        _plain_snapshots(buffer.engine)
+
+
+def _plain_snapshots(engine: Any) -> None:
+    """Make ``engine`` keep plain rows (the snapshots of a shared compact buffer, whose writers' streams
+    interleave on the ring)."""
+    engine.storage.close()
+    engine.compact = None
+    engine.storage = engine.new_storage(engine.ring.capacity, engine.storage_dir)
 
 
 def _carry_over(buffer: Any, shared: SharedBuffer, last: int) -> None:

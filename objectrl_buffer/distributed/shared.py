@@ -205,6 +205,11 @@ class SharedBuffer:
         return int(self.servable(torch.arange(self.capacity)).sum())
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of memory the shared files take now: their allocated pages (a page never written takes none)."""
+        return sum(e.stat().st_blocks * 512 for e in os.scandir(self.folder) if e.is_file())
+
+    @property
     def pointer(self) -> int:
         """The next slot reserved (by any process)."""
         return self.slots.reserved % self.capacity
@@ -457,7 +462,9 @@ def _remove_folder(folder: str, pid: int) -> None:
 
 
 def share(buffer: Any, *, seed: int | None = None) -> SharedBuffer:
-    """A :class:`SharedBuffer` with ``buffer``'s schema and capacity holding its rows (oldest first).
+    """A :class:`SharedBuffer` with ``buffer``'s schema and capacity holding its rows (oldest first); a
+    :class:`~objectrl_buffer.distributed.shared_compact.SharedCompactBuffer` for a buffer with
+    ``next_of``/``frame_stack`` claims.
 
     Raises:
         InvalidArgumentError: the buffer has no schema yet (write one row first) or does not store on CPU.
@@ -466,9 +473,24 @@ def share(buffer: Any, *, seed: int | None = None) -> SharedBuffer:
         raise InvalidArgumentError("share(buffer): the buffer has no schema yet; write a row first")
     if torch.device(buffer.storing_device).type != "cpu":
         raise InvalidArgumentError(f"share(buffer): storing_device must be cpu, got {buffer.storing_device}")
-    shared = SharedBuffer.create(buffer.schema, buffer.buffer_size, seed=seed)
+    compact = getattr(buffer.engine, "compact", None)
+    shared: SharedBuffer
+    if compact is not None:  # next_of/frame_stack: the compact form in shared memory
+        from objectrl_buffer.distributed.shared_compact import SharedCompactBuffer
+
+        shared = SharedCompactBuffer.create_compact(
+            buffer.schema,
+            buffer.buffer_size,
+            next_of=compact.next_of,
+            frame_stack=compact.frame_stack,
+            end_keys=buffer.engine.end_keys,
+            num_envs=buffer.num_envs,
+            seed=seed,
+        )
+    else:
+        shared = SharedBuffer.create(buffer.schema, buffer.buffer_size, seed=seed)
     if len(buffer):
-        rows = buffer.sample_all()
+        rows = buffer.sample_all().reshape(-1)  # [T, num_envs] -> [T * num_envs]
         shared.add_batch(rows.exclude(INDEX_KEY))
     return shared
 

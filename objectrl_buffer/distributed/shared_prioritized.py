@@ -241,4 +241,8 @@ def open_shared(folder: str) -> SharedBuffer:
     """A handle on the shared buffer in ``folder``: prioritized when its files say so."""
     if os.path.exists(os.path.join(folder, _SETTINGS)):
         return SharedPrioritizedBuffer(folder)
+    from objectrl_buffer.distributed.shared_compact import COMPACT_FILE, SharedCompactBuffer
+
+    if os.path.exists(os.path.join(folder, COMPACT_FILE)):
+        return SharedCompactBuffer(folder)
     return SharedBuffer(folder)
