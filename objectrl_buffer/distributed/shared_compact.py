@@ -67,7 +67,7 @@ from objectrl_buffer.distributed.compact_links import (
 )
 from objectrl_buffer.distributed.shared import _MAX_TRIES, SharedBuffer
 from objectrl_buffer.errors import EmptyBufferError
-from objectrl_buffer.storage.compact_access import nonzero
+from objectrl_buffer.storage.compact_step import nonzero
 from objectrl_buffer.storage.fast_write import FastWriter
 from objectrl_buffer.storage.table import make_tensordict
 
