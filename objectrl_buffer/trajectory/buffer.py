@@ -20,12 +20,14 @@ Differences from rlinf 0.3.0 (``rlinf/data/replay_buffer.py``), each on purpose:
 * The global RNG is never touched (upstream seeds ``np.random``).
 * ``save_checkpoint`` always writes a complete folder (upstream only warns without saving on).
 * ``clear_cache()`` waits for the writer and keeps the buffer usable (upstream shuts its writer down, so
-  the next saving add raises). RLinf's cleanup ``close(); clear(); clear_cache()`` works: ``clear`` and
-  ``clear_cache`` are the two calls a closed buffer accepts.
-* A trajectory without a stored key (RLinf's ``extract_intervene_traj()`` drops ``versions``) is stored
-  with :data:`~objectrl_buffer.trajectory.table.FILL_VALUE` rows and a presence mask in every sample
-  (:attr:`optional_keys`); upstream samples whatever its cache slot held (uninitialised memory). ``enable_cache``/``cache_size`` are accepted and reported by
+  the next saving add raises). ``enable_cache``/``cache_size`` are accepted and reported by
   :meth:`get_stats`; every stored trajectory is in the library's storage, so a sample has no slow path.
+  RLinf's cleanup ``close(); clear(); clear_cache()`` works: ``clear`` and ``clear_cache`` are the two
+  calls a closed buffer accepts.
+* A trajectory without one of RLinf's tensor fields the buffer holds (RLinf's ``extract_intervene_traj()``
+  drops ``versions``) is stored with :data:`~objectrl_buffer.trajectory.table.FILL_VALUE` rows and a
+  presence mask in every sample (:attr:`optional_keys`); upstream samples whatever its cache slot held
+  there (uninitialised memory).
 """
 
 from __future__ import annotations
@@ -349,7 +351,7 @@ class TrajectoryReplayBuffer:
         """
         self._check_open()
         if isinstance(trajectories, TensorDictBase) or trajectory_fields(trajectories) is not None:
-            trajectories = [trajectories]  # type: ignore[list-item]
+            trajectories = [trajectories]
         if not isinstance(trajectories, Sequence):
             raise InvalidArgumentError(
                 f"trajectories must be a list of Trajectory or TensorDict, got {type(trajectories).__name__}"

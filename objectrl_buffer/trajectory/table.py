@@ -31,7 +31,9 @@ _NONE: frozenset[Key] = frozenset()
 _OPTIONAL: frozenset[Key] = frozenset(OPTIONAL_FIELDS)
 
 
-def complete(rows: dict[Key, torch.Tensor], schema: Schema | None, where: str) -> tuple[dict[Key, torch.Tensor], frozenset[Key]]:
+def complete(
+    rows: dict[Key, torch.Tensor], schema: Schema | None, where: str
+) -> tuple[dict[Key, torch.Tensor], frozenset[Key]]:
     """``rows`` with every stored key of ``schema`` it lacks added as :data:`FILL_VALUE` rows, and those keys,
     when each is one of RLinf's tensor fields (:data:`~objectrl_buffer.trajectory.trajectory.OPTIONAL_FIELDS`,
     such as ``versions``); ``rows`` unchanged otherwise (a missing key of a dict field such as
@@ -106,7 +108,7 @@ class Table:
         return first, evicted
 
     def read(self, i: int) -> dict[Key, torch.Tensor]:
-        """Copies of the ``i``-th stored trajectory's rows ``[T*B, ...]`` (storing device), without the keys it lacked."""
+        """Copies of the ``i``-th stored trajectory's rows ``[T*B, ...]`` (storing device), less the keys it lacked."""
         entry = self.entries[i]
         rows = self.rows.read(self.firsts[i], entry.num_samples)
         missing = self.missing[i]

@@ -162,12 +162,13 @@ def flatten(item: object, where: str, *, strict: bool = True) -> Flat:
     if isinstance(item, Mapping):
         values = dict(item)
     else:
-        values = trajectory_fields(item)
-        if values is None:
+        found = trajectory_fields(item)
+        if found is None:
             raise InvalidArgumentError(
                 f"{where}: expected a Trajectory (or any object with RLinf's trajectory fields, such as "
                 f"rlinf's own) or a TensorDict of batch size [T, B], got {type(item).__name__}"
             )
+        values = found
     ref = values.get("prev_logprobs")
     if not isinstance(ref, torch.Tensor):
         ref = values.get("rewards")
