@@ -92,7 +92,8 @@ def test_rlinfs_own_trajectory_from_its_rollout_is_added_as_rlinf_flattens_it(ma
     rb.add_trajectories([trajectory])
     back = rb.get_trajectory(0)
     assert back.batch_size == (8, 3)
-    assert torch.equal(back["versions"], trajectory.versions) and torch.equal(back["curr_obs", "main_images"], trajectory.curr_obs["main_images"])
+    assert torch.equal(back["versions"], trajectory.versions)
+    assert torch.equal(back["curr_obs", "main_images"], trajectory.curr_obs["main_images"])
     # the first row of each epoch dropped, as RLinf's _flatten_trajectory does
     assert torch.equal(back["dones"], trajectory.dones.reshape(2, 5, 3, 1)[:, 1:].reshape(8, 3, 1))
     assert rb.trajectory_info(0)["model_weights_id"] == trajectory.model_weights_id
@@ -117,7 +118,7 @@ def test_compat_sample_is_rlinfs_nested_dict(make: Any) -> None:
 def test_a_trajectory_without_versions_is_stored_with_zeros_and_a_presence_mask(make: Any, tmp_path: Path) -> None:
     rb = make(TrajectoryReplayBuffer, seed=0, sample_window_size=0)
     rb.add_trajectories([Trajectory(**fields_of(0))])
-    assert rb.optional_keys == [] and "present" not in rb.sample(4).keys()
+    assert rb.optional_keys == [] and "present" not in rb.sample(4)
     rb.add_trajectories([Trajectory(**fields_of(1, versions=False)), Trajectory(**fields_of(2))])
     assert rb.optional_keys == ["versions"]
     batch = rb.sample(24)
@@ -126,7 +127,7 @@ def test_a_trajectory_without_versions_is_stored_with_zeros_and_a_presence_mask(
     assert torch.equal(present, batch["rewards"] != 1.0)  # False exactly on trajectory 1's rows
     assert torch.equal(batch["versions"].squeeze(-1), torch.where(present, batch["rewards"] + 1, 0.0))  # fill: 0
     assert rb.trajectory_info(1)["missing"] == ["versions"] and rb.trajectory_info(0)["missing"] == []
-    assert "versions" not in rb.get_trajectory(1).keys() and "versions" in rb.get_trajectory(2).keys()
+    assert "versions" not in rb.get_trajectory(1) and "versions" in rb.get_trajectory(2)
 
     rb.save_checkpoint(tmp_path / "ck")  # the file leaves the field out, as RLinf writes only what it has
     assert "versions" not in torch.load(next((tmp_path / "ck").glob("trajectory_1_*.pt")), weights_only=True)
@@ -188,7 +189,8 @@ def test_a_public_index_and_read_back_by_id(make: Any) -> None:
     }
     one = rb.load_trajectory(1)
     assert isinstance(one, Trajectory) and one.versions is None and one.model_weights_id == "w1"
-    assert torch.equal(one.actions, fields_of(1)["actions"]) and torch.equal(one.curr_obs["states"], fields_of(1)["curr_obs"]["states"])
+    assert torch.equal(one.actions, fields_of(1)["actions"])
+    assert torch.equal(one.curr_obs["states"], fields_of(1)["curr_obs"]["states"])
     assert one.dones.shape == (4, 2)  # aligned with rewards, as stored
     assert rb.get_trajectory(2)["versions"].shape == (4, 2, 1)
     with pytest.raises(InvalidArgumentError, match="trajectory_id=7"):
