@@ -20,6 +20,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CastWarning",
     "VectorStepWarning",
+    "PartialCheckpointWarning",
     "BufferFull",
     "InconsistentStateError",
     "QueryError",
@@ -142,6 +143,14 @@ class VectorStepWarning(UserWarning):
     them: build the buffer with ``num_envs=E`` (or write ``add_batch`` rows). Issued once per buffer, at
     its first write; silence it with ``warnings.filterwarnings("ignore", category=VectorStepWarning)``
     when rows of ``E`` really are one transition."""
+
+
+class PartialCheckpointWarning(UserWarning):
+    """A checkpoint holds fewer trajectories than were added: ``save_checkpoint`` of a
+    :class:`~objectrl_buffer.trajectory.TrajectoryReplayBuffer` that keeps only its sample window (built without
+    ``save_trajectories`` and without ``capacity``) writes the newest ``sample_window_size`` trajectories it
+    still holds; the others are gone. The folder's ``metadata.json`` says so (``num_added``, ``kept``). Build
+    the buffer with ``save_trajectories=True`` (or ``capacity=``) to checkpoint more."""
 
 
 class QueryError(ReplayBufferError, ValueError):

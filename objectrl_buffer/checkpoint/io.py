@@ -300,10 +300,13 @@ def interactive() -> bool:
 
 
 @contextmanager
-def progress_bar(total: int, desc: str, enabled: bool | None) -> Iterator[Progress]:
+def progress_bar(
+    total: int, desc: str, enabled: bool | None, *, delay: float = 0.5, leave: bool = False
+) -> Iterator[Progress]:
     """A tqdm bar over ``total`` bytes (``enabled=None``: only when :func:`interactive`), else a no-op.
 
-    The bar appears only after half a second, so quick saves stay silent.
+    The bar appears only after ``delay`` seconds (by default half a second, so quick saves stay silent), and
+    is erased when done unless ``leave``.
     """
     if enabled is None:
         enabled = interactive()
@@ -314,7 +317,7 @@ def progress_bar(total: int, desc: str, enabled: bool | None) -> Iterator[Progre
     if not enabled:
         yield _NoProgress()
         return
-    with tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, delay=0.5, leave=False) as bar:
+    with tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, delay=delay, leave=leave) as bar:
         yield bar
 
 

@@ -6,30 +6,34 @@
                                             counts and what reads it (:mod:`~objectrl_buffer.cli.kinds`)
     objectrl-buffer verify PATH             re-check every checksum: exit 0 if intact, 1 with the reason
     objectrl-buffer clean [--dry-run] [DIR ...]
-                                            remove storage folders and rate-limiter counter files left
-                                            by killed processes (default DIRs: /dev/shm and the temp
-                                            folder), listing them with sizes
+                                            remove what killed processes left (storage folders, shared
+                                            buffers' and task storages' folders, rate-limiter counter
+                                            files; default DIRs: /dev/shm and the temp folder), listing
+                                            them with sizes
 
     objectrl-buffer trajectories sample --load-path P [--num-chunks N --sample-window-size W
                                         --cache-size K --enable-cache]
                                             load an RLinf trajectory folder, sample once, print keys and shapes
     objectrl-buffer trajectories merge --source-path SRC --save-path DST [--move]
-                                            merge SRC/rank_* folders into DST (copies unless --move); the
+                                            merge SRC/rank_* folders into DST (copies unless --move), ranks
+                                            in RLinf's order (names as text: rank_10 before rank_2); the
                                             index also goes to RLinf's misspelled trajector_index.json,
-                                            the name RLinf's loader reads
+                                            the name RLinf's loader reads; a progress bar on a terminal
     objectrl-buffer trajectories split --source-path SRC --save-path DST --split-count N [--move]
                                             the first N trajectories of SRC into DST, renumbered 0..N-1
 
 ``PATH`` is what was given to ``ReplayBuffer.save`` (the ``.metadata`` file's name is accepted too).
 ``inspect`` reads the metadata and the manifest only (and checks file sizes); ``verify`` reads every byte.
 Exit codes: 0 fine, 1 the checkpoint is missing or damaged (the reason goes to stderr), 2 bad usage.
-``clean`` only removes folders whose owner lock no process holds (:mod:`~objectrl_buffer.storage.folders`)
-and counter files whose creator is gone and that no process maps (:mod:`~objectrl_buffer.storage.shm_files`).
+``clean`` only removes storage folders whose owner lock no process holds (:mod:`~objectrl_buffer.storage.folders`),
+and counter files and shared folders whose creator is gone and that no process maps or holds open
+(:mod:`~objectrl_buffer.storage.shm_files`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -167,8 +171,9 @@ def _print_human(info: dict[str, Any]) -> None:
 
 def clean(dirs: list[str], dry_run: bool) -> int:
     """``clean``: remove (or with ``dry_run`` list) what killed processes left in ``dirs``: storage folders
-    whose owner lock nobody holds (:mod:`~objectrl_buffer.storage.folders`) and shared rate limiters'
-    counter files that no live process maps (:mod:`~objectrl_buffer.storage.shm_files`)."""
+    whose owner lock nobody holds (:mod:`~objectrl_buffer.storage.folders`), and shared rate limiters'
+    counter files, shared buffers' folders and task storages' temporary folders that no live process uses
+    (:mod:`~objectrl_buffer.storage.shm_files`)."""
     missing = [d for d in dirs if not os.path.isdir(d)]
     if missing:  # checked before anything is removed
         what = ", ".join(f"'{d}'" for d in missing)
@@ -177,7 +182,7 @@ def clean(dirs: list[str], dry_run: bool) -> int:
     verb = "would remove" if dry_run else "removed"
     total = count = 0
     for parent in dirs or [placement.SHM_DIR, tempfile.gettempdir()]:
-        kinds = ((folders.find_orphans, folders.remove), (shm_files.find_orphan_files, shm_files.remove_file))
+        kinds = ((folders.find_orphans, folders.remove), (shm_files.find_orphans, shm_files.remove))
         for find, remove in kinds:
             for orphan in find(parent):
                 if not dry_run and not remove(orphan):
@@ -219,6 +224,19 @@ def _trajectory_parser(commands: Any) -> None:
         tool.add_argument("--copy", action="store_true", help="accepted for RLinf's scripts: copying is the default")
 
 
+def _terminal_progress() -> bool:
+    """A progress bar for a copy: on a terminal (stderr, no ``CI`` variable) and with tqdm installed; on a
+    terminal without tqdm, a line on stderr says why there is none. Piped or redirected: none."""
+    from objectrl_buffer.checkpoint.io import interactive
+
+    if not interactive():
+        return False
+    if importlib.util.find_spec("tqdm") is None:
+        print("(no progress bar: tqdm is not installed; pip install tqdm)", file=sys.stderr)
+        return False
+    return True
+
+
 def trajectories(args: argparse.Namespace) -> int:
     """Run ``trajectories ...``; the room is imported here, so ``--help`` stays fast."""
     from objectrl_buffer.core.schema import format_key
@@ -246,15 +264,20 @@ def trajectories(args: argparse.Namespace) -> int:
                 value = batch.get(key)
                 print(f"  {format_key(key)}: {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}")
             return 0
+        progress = _terminal_progress()
         if args.action == "merge":
-            n = merge_rank_folders(args.source_path, args.save_path, move=args.move)
+            n = merge_rank_folders(args.source_path, args.save_path, move=args.move, progress=progress)
         else:
-            n = split_folder(args.source_path, args.save_path, args.split_count, move=args.move)
+            n = split_folder(args.source_path, args.save_path, args.split_count, move=args.move, progress=progress)
     except (ReplayBufferError, OSError) as exc:
         print(f"objectrl-buffer trajectories {args.action}: FAILED: {exc}", file=sys.stderr)
         return 1
     print(f"{'moved' if args.move else 'copied'} {n} trajectories into {args.save_path}")
     if args.action == "merge":
+        print(
+            "ids: renumbered in (original id, rank) order, ranks sorted by name as text as RLinf's toolkit "
+            "does (rank_10 before rank_2), so they are the ids RLinf's merge gives"
+        )
         print(
             "index: trajectory_index.json, and the same index as trajector_index.json (RLinf's merge tool's "
             "misspelled name, which RLinf's loader reads: keep both)"
@@ -280,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     verify = commands.add_parser("verify", help="re-check every checksum; exit 0 if intact, 1 if not")
     verify.add_argument("path", help="the checkpoint path given to ReplayBuffer.save (or its .metadata file)")
     sweep = commands.add_parser(
-        "clean", help="remove storage folders and counter files that killed processes left behind"
+        "clean",
+        help="remove the storage folders, shared folders and counter files that killed processes left behind",
     )
     sweep.add_argument("dirs", nargs="*", metavar="DIR", help="parent folders to look in (default: /dev/shm, temp)")
     sweep.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")

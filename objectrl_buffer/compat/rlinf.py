@@ -199,4 +199,4 @@ class TrajectoryReplayBuffer(_TrajectoryBuffer):
         """The room's :meth:`~objectrl_buffer.trajectory.TrajectoryReplayBuffer.load_checkpoint`; RLinf's
         cache then holds the newest loaded trajectories."""
         super().load_checkpoint(load_path, is_distributed, local_rank, world_size)
-        self._cached = self.num_added
+        self._cached = len(self.trajectory_ids)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import weakref
 from collections.abc import Mapping
 from typing import Any, BinaryIO
@@ -45,6 +44,7 @@ from objectrl_buffer.core.schema import Field, Key, Schema
 from objectrl_buffer.core.shared_counter import SharedSlots
 from objectrl_buffer.core.validate import positive_int
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError
+from objectrl_buffer.storage import shm_files
 from objectrl_buffer.storage.fast_write import FastWriter
 from objectrl_buffer.storage.prefault import populate_write
 from objectrl_buffer.storage.table import make_tensordict
@@ -150,7 +150,7 @@ class SharedBuffer:
         """Lay out the files of a new, empty shared buffer in a new folder (under ``folder``); return its path."""
         capacity = positive_int(capacity, "capacity")
         parent = str(folder) if folder is not None else ("/dev/shm" if os.path.isdir("/dev/shm") else None)
-        path = tempfile.mkdtemp(prefix="objectrl-shared-", dir=parent)
+        path = shm_files.new_folder(shm_files.SHARED_PREFIX, parent)  # named after this process: see clean
         fields = [
             {"key": list(f.key) if isinstance(f.key, tuple) else f.key, "shape": list(f.shape), "dtype": str(f.dtype)}
             for f in schema.fields

@@ -47,14 +47,12 @@ import torch
 
 from objectrl_buffer.core.schema import Key, Schema, format_key
 from objectrl_buffer.errors import ForkedBufferError, InvalidArgumentError, SchemaError
-from objectrl_buffer.storage.compact_access import Columns, FastRow, VirtualColumn, nonzero
+from objectrl_buffer.storage.compact_access import Columns, VirtualColumn
+from objectrl_buffer.storage.compact_step import PREVIOUS_ROW, SAME_ROW, StepWriter, overlap_error
 from objectrl_buffer.storage.frame_stream import SUCCESSOR, FrameStream, numpy_paths
 from objectrl_buffer.storage.table import TransitionStorage
 
 __all__ = ["CompactSpec", "CompactStorage"]
-
-_SAME_ROW = "the same row, which does not end an episode"  # where a next stack's older frames come from
-_TRUE = torch.ones(1, 1, dtype=torch.bool)  # a failed single-row check, as _refuse takes it
 
 
 @dataclass(frozen=True)
@@ -125,8 +123,9 @@ class CompactStorage:
     """Rows of one schema whose ``next_of``/``frame_stack`` keys are kept as frames (see the module docs).
 
     Offers what the :class:`~objectrl_buffer.engine.Engine` uses of a
-    :class:`~objectrl_buffer.storage.table.TransitionStorage`; there is no fast single-row path (``fast``)
-    and no NumPy view (``arrays``): every write goes through the checked path, whose overlap checks need it.
+    :class:`~objectrl_buffer.storage.table.TransitionStorage`: its per-step path ``fast`` (one env on the
+    CPU: a :class:`~objectrl_buffer.storage.compact_step.StepWriter`, which checks the overlaps too) and no
+    NumPy view (``arrays``): batches go through :meth:`write_rows`, which checks them as a whole.
 
     Args:
         capacity, device, directory: as ``TransitionStorage``. num_envs: env streams (slot ``t * E + e``).
@@ -156,12 +155,12 @@ class CompactStorage:
         self.streams: dict[Key, FrameStream] = {}
         self.virtual: dict[Key, VirtualColumn] = {}
         self.columns: Mapping[Key, Any] = Columns(self)
-        self.fast: FastRow | None = None
+        self.fast: StepWriter | None = None
         self.closed = False
         # Changes (writes, resets) so far, in memory a fork child shares: see _unchanged_since_fork()
         self._owner = os.getpid()
-        self._changes = np.frombuffer(mmap.mmap(-1, 8), dtype=np.int64)
-        self._seen = 0  # the changes this process made or knows of
+        self.changes = np.frombuffer(mmap.mmap(-1, 8), dtype=np.int64)
+        self.changes_seen = 0  # the changes this process made or knows of
         self._reset_rows()
 
     def _reset_rows(self) -> None:
@@ -263,11 +262,11 @@ class CompactStorage:
         self.schema = schema
         self._reset_rows()
         if numpy_paths(self.device) and self.num_envs == 1:
-            self.fast = FastRow(self, schema)
+            self.fast = StepWriter(self, schema)
 
     def _changed(self) -> None:
-        self._seen += 1
-        self._changes[0] = self._seen
+        self.changes_seen += 1
+        self.changes[0] = self.changes_seen
 
     def _unchanged_since_fork(self) -> None:
         """In a process that inherited this storage through ``fork``: refuse to read once the parent has
@@ -277,7 +276,7 @@ class CompactStorage:
         Raises:
             ForkedBufferError: the parent changed the rows since the fork.
         """
-        if int(self._changes[0]) != self._seen:
+        if int(self.changes[0]) != self.changes_seen:
             raise ForkedBufferError(
                 "this compact (next_of/frame_stack) buffer was inherited through fork and the parent process has "
                 "written to it since: its rows cannot be read here. Share it before the fork "
@@ -322,8 +321,8 @@ class CompactStorage:
     # ------------------------------------------------------------------ writes
     def write(self, slot: int, pairs: list[tuple[Any, Any]]) -> None:
         """One checked row at ``slot`` (the ring's pointer)."""
-        if self.num_envs == 1 and numpy_paths(self.device) and self.steps:
-            self.write_one(slot, {f.key: np.asarray(v) for f, v in pairs})
+        if self.fast is not None and self.steps:
+            self.fast.write_checked(slot, {f.key: np.asarray(v) for f, v in pairs})
             return
         batch = [(f, torch.as_tensor(v, dtype=f.dtype).reshape(f.shape).unsqueeze(0)) for f, v in pairs]
         self.write_rows(slot, batch, first=0, n=1)
@@ -334,76 +333,6 @@ class CompactStorage:
             if key in values:
                 ended |= values[key].to(self.device).reshape(rows, -1).ne(0).any(1)
         return ended
-
-    def write_one(self, slot: int, values: Mapping[Key, np.ndarray]) -> None:
-        """:meth:`write_rows` of one row of one env on the CPU, in plain Python and NumPy (the per-step path).
-        ``values``: the checked row, each key's value of its stored dtype and shape.
-
-        Raises:
-            SchemaError: as :meth:`write_rows` (nothing is stored).
-        """
-        ended = any(nonzero(values[key]) for key in self.end_keys if key in values)
-        self.check_one(values, ended)
-        table = self.table
-        assert table is not None and table.schema is not None
-        if table.arrays is None:
-            table.write(slot, [(f, torch.from_numpy(np.ascontiguousarray(values[f.key]))) for f in table.schema.fields])
-        else:
-            if slot >= table.reserved:
-                table.reserve_rows(slot + 1)
-            for key, array in table.arrays.items():
-                array[slot] = values[key]
-        self.store_one(slot, values, ended)
-
-    def check_one(self, values: Mapping[Key, np.ndarray], ended: bool) -> None:
-        """Raise ``SchemaError`` if the observed and next values of one row (one env, CPU) break a claim."""
-        linked = not self.last_ended_np[0]
-        step = self.steps
-        for key, s in self.streams.items():
-            x = values[key]
-            nx = None if s.next is None else values[s.next]
-            if linked:  # the previous row's next frame (or stack) is already stored: compare with it
-                stored = s.stored_one(step)
-                if nx is not None:
-                    if x.tobytes() != stored.tobytes():
-                        self._refuse(_TRUE, key, f"'{key}' of", f"'{s.next}' of")
-                elif s.stacked and x[:-1].tobytes() != stored[:-1].tobytes():
-                    self._refuse(_TRUE, key, "frames 0..k-2 of", "1..k-1 of")
-            if nx is not None and s.stacked and not ended and nx[:-1].tobytes() != x[1:].tobytes():
-                assert s.next is not None
-                self._refuse(_TRUE, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in", _SAME_ROW)
-
-    def store_one(self, slot: int, values: Mapping[Key, np.ndarray], ended: bool) -> None:
-        """Store the frames and links of one checked row (:meth:`check_one`) at ``slot``; cannot fail."""
-        linked = not self.last_ended_np[0]
-        step = self.steps
-        self._changed()  # before and after the write: a fork child's read meanwhile sees a change
-        oldest = step + 1 - self.capacity
-        for key, s in self.streams.items():
-            x = values[key]
-            s.pool.expire(oldest)
-            s.np_flat[step % s.span] = (x[-1] if s.stacked else x).reshape(-1)
-            if s.stacked and s.k > 1:
-                if linked:
-                    distance = step - int(s.np["carry_step"][0])
-                    anchor = int(s.np["carry_id"][0]) if distance <= s.k - 2 else -1
-                else:
-                    anchor = int(s.pool.push(torch.from_numpy(x).unsqueeze(0), torch.tensor([step + s.k - 2]))[0])
-                    distance = 0
-                    s.np["carry_id"][0], s.np["carry_step"][0] = anchor, step
-                s.np["anchor"][slot], s.np["distance"][slot] = anchor, distance
-            if s.next is not None:
-                nx = values[s.next]
-                if ended:
-                    link = s.pool.push(torch.from_numpy(nx).unsqueeze(0), torch.tensor([step]))
-                    s.np["next_link"][slot] = int(link[0])
-                else:
-                    s.np["next_link"][slot] = SUCCESSOR
-                    s.np_flat[(step + 1) % s.span] = (nx[-1] if s.stacked else nx).reshape(-1)
-        self.step_np[slot] = step
-        self.last_ended_np[0] = ended
-        self.steps = step + 1
-        self._changed()
 
     @torch.no_grad()
     def write_rows(self, start: int, pairs: list[tuple[Any, Any]], first: int, n: int) -> None:
@@ -438,7 +367,7 @@ class CompactStorage:
             self._refuse(links & ~_same(x, before, 2), key, f"'{key}' of", f"'{s.next}' of")
             if s.stacked and s.k > 1:
                 bad = ~ended & ~_same(nx[:, :, :-1], x[:, :, 1:], 2)
-                self._refuse(bad, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in", _SAME_ROW)
+                self._refuse(bad, s.next, "frames 0..k-2 of", f"frames 1..k-1 of '{key}' in", SAME_ROW)
         self._changed()  # before and after the write: a fork child's read meanwhile sees a change
         oldest = first_step + steps - cap // envs  # the oldest env step still held after this write
         kept = torch.arange(first, rows, device=device)
@@ -481,15 +410,11 @@ class CompactStorage:
         key: Key,
         ours: str,
         theirs: str,
-        where: str = "the env's previous row, which did not end an episode",
+        where: str = PREVIOUS_ROW,
     ) -> None:
         if bool(bad.any()):
             step, env = (int(i) for i in bad.nonzero()[0])
-            raise SchemaError(
-                f"key '{format_key(key)}': {ours} row {step} of this write (env {env}) differ from {theirs} "
-                f"{where}; next_of/frame_stack promise they are equal. "
-                "Nothing was stored"
-            )
+            raise overlap_error(key, ours, theirs, row=step, env=env, where=where)
 
     def _link_starts(
         self,

@@ -30,7 +30,9 @@ class FramePool:
         self.data = torch.empty((INITIAL_ENTRIES, *shape), dtype=dtype, device=device)
         self.head = 0  # id of the next entry
         self.tail = 0  # id of the oldest live entry
-        self._last_steps: deque[int] = deque()  # per live entry: the last env step whose row may read it
+        #: Per live entry, oldest first: the last env step whose row may read it (entries leave once the
+        #: first is below the oldest live step: see :meth:`expire`).
+        self.expiry: deque[int] = deque()
 
     @property
     def capacity(self) -> int:
@@ -44,11 +46,11 @@ class FramePool:
         """Drop every entry and shrink back to the initial size."""
         self.data = torch.empty((INITIAL_ENTRIES, *self.shape), dtype=self.dtype, device=self.device)
         self.head = self.tail = 0
-        self._last_steps.clear()
+        self.expiry.clear()
 
     def expire(self, oldest_step: int) -> None:
         """Drop the oldest entries that no row of env step ``oldest_step`` or newer reads."""
-        last = self._last_steps
+        last = self.expiry
         while last and last[0] < oldest_step:
             last.popleft()
             self.tail += 1
@@ -64,7 +66,7 @@ class FramePool:
         if live + m > self.capacity:
             self._grow(live + m)
         self.data.index_copy_(0, ids % self.capacity, values.to(self.device, self.dtype))
-        self._last_steps.extend(last_steps.tolist())
+        self.expiry.extend(last_steps.tolist())
         self.head += m
         return ids
 
@@ -84,7 +86,7 @@ class FramePool:
     def state(self) -> tuple[torch.Tensor, list[int], int]:
         """``(live entries oldest first, their last steps, id of the oldest)``, for checkpoints."""
         live = torch.arange(self.tail, self.head, device=self.device)
-        return self.data.index_select(0, live % self.capacity), list(self._last_steps), self.tail
+        return self.data.index_select(0, live % self.capacity), list(self.expiry), self.tail
 
     def restore(self, values: torch.Tensor, last_steps: list[int], tail: int) -> None:
         """Adopt :meth:`state`'s output."""

@@ -24,10 +24,9 @@ from objectrl_buffer.storage.table import TransitionStorage
 __all__ = ["FrameStream", "SUCCESSOR", "NUMPY_ON_CPU", "numpy_paths"]
 
 SUCCESSOR = -1  # a row's next value is the next step's observation (else: a pool id)
-#: Whether CPU storage takes the NumPy paths (reads here, single-row writes in ``compact.py``); ``False``
+#: Whether CPU storage takes the NumPy paths (reads here, single-row writes in ``compact_step.py``); ``False``
 #: makes it take the accelerator's torch paths, which tests use to check those without an accelerator.
 NUMPY_ON_CPU = True
-_ZERO = np.zeros(1, np.int64)
 
 
 class FrameStream:
@@ -118,17 +117,6 @@ class FrameStream:
                 pool = self.pool.data.numpy().reshape(-1, out.shape[1])
                 out[row * k + i] = pool[(anchor[row] % self.pool.capacity) * k + i + distance[row]]
         return out
-
-    def stored_one(self, step: int) -> np.ndarray:
-        """:meth:`head_next` of one env on the CPU as ``[k, frame elements]``: a view of the frames when
-        they lie in one piece and need nothing from the pool (the per-step path), else a copy."""
-        k, span = self.k, self.span
-        distance = step - int(self.np["carry_step"][0])
-        anchor = int(self.np["carry_id"][0]) if distance <= k - 2 else -1
-        low = (step - k + 1) % span
-        if anchor < 0 and low + k <= span:
-            return self.np_flat[low : low + k]
-        return self.stack_np(np.array([step]), _ZERO, np.array([anchor]), np.array([distance]))
 
     def head_next(self, step: int) -> torch.Tensor:
         """Per env ``[E, *shape]``, the stored value at env step ``step`` of the newest rows' episodes: their

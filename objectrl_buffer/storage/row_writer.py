@@ -132,9 +132,14 @@ def _fits(kind: str, low: int, high: int, limit: float) -> Callable[[Any], bool]
     return fits
 
 
-def compile_row_writer(writer: FastWriter) -> RowWriter:
-    """The ``write_row`` function of ``writer``'s schema (its ``entries``, ``limit`` and wide columns)."""
-    n_keys = writer.n_keys
+def compile_row_writer(writer: FastWriter, extra_keys: int = 0) -> RowWriter:
+    """The ``write_row`` function of ``writer``'s schema (its ``entries``, ``limit`` and wide columns).
+
+    ``extra_keys``: inputs hold this many keys besides the schema's, which the caller checks and stores
+    (a compact storage's frames; see :mod:`~objectrl_buffer.storage.compact_step`): the key count must
+    then be the schema's plus these (plus, maybe, ``"index"``).
+    """
+    n_keys = writer.n_keys + extra_keys
     namespace: dict[str, Any] = {
         "Tensor": torch.Tensor,
         "ndarray": np.ndarray,
@@ -185,7 +190,7 @@ def compile_row_writer(writer: FastWriter) -> RowWriter:
         "        return False\n" + "\n".join(writes) + "\n"
         "    return True\n"
     )
-    exec(compile(source, f"<row writer of {n_keys} columns>", "exec"), namespace)
+    exec(compile(source, f"<row writer of {writer.n_keys} columns>", "exec"), namespace)
     # out of its own globals: the function <-> namespace cycle would keep the column views (and the
     # mappings behind them) alive until a GC pass
     write_row: RowWriter = namespace.pop("write_row")

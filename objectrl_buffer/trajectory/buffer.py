@@ -18,7 +18,11 @@ Differences from rlinf 0.3.0 (``rlinf/data/replay_buffer.py``), each on purpose:
   trajectories are gone. ``sample_window_size=0``, ``capacity`` or ``save_trajectories`` keep every trajectory.
 * A trajectory without samples is a ``ValueError`` (upstream skips it silently).
 * The global RNG is never touched (upstream seeds ``np.random``).
-* ``save_checkpoint`` always writes a complete folder (upstream only warns without saving on).
+* ``save_checkpoint`` always writes a loadable folder naming exactly the files it holds. Without saving on,
+  rlinf 0.3.0 writes its cached trajectories under an index naming every one added (its own loader then
+  fails on the missing files), the seed-era buffer only warns; ours writes what it still holds, and a buffer
+  that keeps only its window warns (:class:`~objectrl_buffer.errors.PartialCheckpointWarning`) and records
+  ``num_added`` and ``kept`` in ``metadata.json``.
 * ``clear_cache()`` waits for the writer and keeps the buffer usable (upstream shuts its writer down, so
   the next saving add raises). ``enable_cache``/``cache_size`` are accepted and reported by
   :meth:`get_stats`; every stored trajectory is in the library's storage, so a sample has no slow path.
@@ -35,6 +39,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -47,7 +52,12 @@ from objectrl_buffer.core.schema import Key, Schema
 from objectrl_buffer.core.seeding import derived_seed
 from objectrl_buffer.core.validate import device as checked_device
 from objectrl_buffer.core.validate import positive_int
-from objectrl_buffer.errors import ClosedBufferError, EmptyBufferError, InvalidArgumentError
+from objectrl_buffer.errors import (
+    ClosedBufferError,
+    EmptyBufferError,
+    InvalidArgumentError,
+    PartialCheckpointWarning,
+)
 from objectrl_buffer.storage.table import make_tensordict
 from objectrl_buffer.trajectory import checkpoint, files
 from objectrl_buffer.trajectory.files import Entry
@@ -239,8 +249,9 @@ class TrajectoryReplayBuffer:
 
     @property
     def num_added(self) -> int:
-        """Trajectories added since construction, :meth:`clear` or a load (a load counts its share),
-        evicted ones included: what RLinf's ``size`` counts."""
+        """Trajectories added since construction, :meth:`clear` or a load (a load counts its share; a full
+        load of a checkpoint holding fewer than were added, the count it records), evicted ones included: what
+        RLinf's ``size`` counts."""
         return self._added
 
     @property
@@ -391,7 +402,7 @@ class TrajectoryReplayBuffer:
         persist: bool,
         missing: frozenset[Key] = frozenset(),
     ) -> None:
-        entry = Entry(trajectory_id, n, flat.max_episode_length, flat.shape, flat.model_weights_id)
+        entry = Entry(trajectory_id, n, flat.max_episode_length, flat.shape, flat.model_weights_id, heads=flat.heads)
         _, evicted = table.append(schema, pairs, n, entry, missing)
         writer = self._writer
         if persist and writer is not None:
@@ -508,6 +519,12 @@ class TrajectoryReplayBuffer:
         (see :func:`~objectrl_buffer.trajectory.checkpoint.write_folder`), and the save would swap the folder
         away under it.
 
+        A checkpoint holding fewer trajectories than :attr:`num_added` (evicted by ``capacity``, or outside the
+        window of a buffer that keeps only its window) records both in ``metadata.json``: ``num_added`` and
+        ``kept`` (a sentence saying which are in it); a full load restores :attr:`num_added`. A buffer that keeps
+        only its window also warns then (:class:`~objectrl_buffer.errors.PartialCheckpointWarning`): the
+        older trajectories are gone, build it with ``save_trajectories=True`` or ``capacity=`` to keep them.
+
         Raises:
             InvalidArgumentError: ``save_path`` is empty, not a folder, or another live writer's folder.
             CheckpointError: writing failed.
@@ -519,7 +536,20 @@ class TrajectoryReplayBuffer:
             writer.flush()
             return
         with self._lock:
-            checkpoint.write_folder(path, self._table, self.storage_format, self.seed)
+            held, added = len(self._table.entries), self._added
+            note = None
+            if held < added:
+                why = "capacity" if self.keep is None else f"sample_window_size={self.keep}, without save_trajectories"
+                kept = f"the newest {held} of the {added} trajectories added (the buffer kept only those: {why})"
+                note = {files.NUM_ADDED: added, "kept": kept}
+                if self.keep is not None:
+                    warnings.warn(
+                        f"save_checkpoint('{path}') writes {kept}; the others are gone. Build the buffer with "
+                        "save_trajectories=True (or capacity=) to checkpoint them",
+                        PartialCheckpointWarning,
+                        stacklevel=2,
+                    )
+            checkpoint.write_folder(path, self._table, self.storage_format, self.seed, note)
 
     def load_checkpoint(
         self,
@@ -545,21 +575,26 @@ class TrajectoryReplayBuffer:
         path = _folder_path(load_path, "load_path")
         if is_distributed:
             world_size = checkpoint.check_rank(local_rank, world_size)
-        folder = files.read_folder(path)
-        entries = checkpoint.rank_share(folder.entries, local_rank, world_size) if is_distributed else folder.entries
         own = self._writer is not None and os.path.realpath(path) == os.path.realpath(self._writer.folder)
         if own and is_distributed:
             raise InvalidArgumentError(
                 f"a sharded load from the buffer's own storage_dir '{path}' would drop the other ranks' "
                 "trajectories from its index: give each rank its own storage_dir"
             )
+        if own:
+            self.flush()  # the folder then names exactly what the writer holds: loading it rewrites nothing
+        folder = files.read_folder(path)
+        entries = checkpoint.rank_share(folder.entries, local_rank, world_size) if is_distributed else folder.entries
         with self._lock:
             self._load(folder, entries)
             self._unkept = []
             if self._writer is not None:
                 table = self._table
-                self._writer.reset([] if not own else list(table.entries))
-                if not own:
+                if own:  # as on opening: ids the table could not keep leave the index at the next add
+                    kept = {e.trajectory_id for e in table.entries}
+                    self._unkept = [e.trajectory_id for e in entries if e.trajectory_id not in kept]
+                else:
+                    self._writer.reset([])
                     for i, entry in enumerate(table.entries):
                         self._writer.submit(entry, table.payload(i))
 
@@ -570,6 +605,9 @@ class TrajectoryReplayBuffer:
         old, self._holder[0] = self._holder[0], table
         old.rows.close()
         self._added = len(entries)
+        recorded = folder.metadata.get(files.NUM_ADDED)  # a partial checkpoint's count (save_checkpoint)
+        if len(entries) == len(folder.entries) and isinstance(recorded, int) and not isinstance(recorded, bool):
+            self._added = max(recorded, len(entries))
         self._added_samples = sum(e.num_samples for e in entries)
         self._optional = {key: None for lacked in table.missing for key in sorted(lacked, key=str)}
         ids = [e.trajectory_id for e in entries]

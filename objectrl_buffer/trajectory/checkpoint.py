@@ -18,6 +18,7 @@ import re
 import shutil
 import stat
 import tempfile
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -75,7 +76,7 @@ def _holds_checkpoint(path: str) -> bool:
     return any(os.path.lexists(os.path.join(path, name)) for name in (files.METADATA, files.INDEX, files.LEGACY_INDEX))
 
 
-def _write_into(path: str, table: Table, fmt: str, seed: Any, storage_dir: str) -> None:
+def _write_into(path: str, table: Table, fmt: str, seed: Any, storage_dir: str, note: dict[str, Any] | None) -> None:
     """Every trajectory of ``table`` into ``path``: files, one batch sync, then index and metadata."""
     written, entries = [], []
     for i, entry in enumerate(table.entries):
@@ -84,14 +85,15 @@ def _write_into(path: str, table: Table, fmt: str, seed: Any, storage_dir: str) 
         written.append(name)
         entries.append(entry.with_file(nbytes, crc))
     files.sync_files(path, written)  # all durable (the kernel wrote most back meanwhile), then the index
-    files.write_index(path, entries, fmt, seed, storage_dir=storage_dir)
+    files.write_index(path, entries, fmt, seed, storage_dir=storage_dir, note=note)
 
 
-def write_folder(path: str, table: Table, fmt: str, seed: Any) -> None:
+def write_folder(path: str, table: Table, fmt: str, seed: Any, note: dict[str, Any] | None = None) -> None:
     """Write every trajectory of ``table`` to the folder ``path`` (see the module: a checkpoint already there
     is replaced by one atomic exchange; a new folder is renamed into place complete). A folder holding other
     files and no checkpoint is written in place, files first, then index and metadata; files of the user in a
-    folder holding a checkpoint are kept (hard-linked into the new one).
+    folder holding a checkpoint are kept (hard-linked into the new one). ``note``: more metadata keys
+    (:func:`~objectrl_buffer.trajectory.files.write_index`).
 
     The storage_dir of a live writer (:class:`~objectrl_buffer.trajectory.writer.TrajectoryWriter`, of this
     process or another) is refused: the writer holds a kernel-released lock on its folder while it runs
@@ -113,7 +115,7 @@ def write_folder(path: str, table: Table, fmt: str, seed: Any) -> None:
             "a save would swap the folder away under it; save elsewhere, or close that buffer first"
         )
     if existing and not _holds_checkpoint(path) and os.listdir(path):
-        _write_into(path, table, fmt, seed, path)  # no index there: no file an index names is overwritten
+        _write_into(path, table, fmt, seed, path, note)  # no index there: no file an index names is overwritten
         return
     strays = [name for name in os.listdir(path) if not _OURS.match(name)] if existing else []
     for name in strays:
@@ -132,7 +134,7 @@ def write_folder(path: str, table: Table, fmt: str, seed: Any) -> None:
     try:
         for name in strays:
             os.link(os.path.join(path, name), os.path.join(tmp, name))
-        _write_into(tmp, table, fmt, seed, path)
+        _write_into(tmp, table, fmt, seed, path, note)
         if not existing:
             os.rename(tmp, path)
         elif exchange(tmp, path):
@@ -207,7 +209,7 @@ def read_table(
                 raise CheckpointError(f"'{file}' holds {n} transitions, its index entry says {entry.num_samples}")
             if capacity is not None and n > capacity:
                 raise InvalidArgumentError(f"'{file}' has {n} transitions, more than capacity={capacity}")
-            table.append(schema, pairs, n, entry, missing)
+            table.append(schema, pairs, n, replace(entry, heads=flat.heads), missing)  # T + E done rows, written back
     except BaseException:
         table.rows.close()
         raise

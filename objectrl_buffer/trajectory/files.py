@@ -5,7 +5,12 @@ Layout (RLinf's names and keys, so folders move both ways)::
     trajectory_{id}_{model_weights_id}.pt|pkl   a dict: fields [T, B, ...], dict fields, max_episode_length, ...
     trajectory_index.json                        {"trajectory_index": {"<id>": info}, "trajectory_id_list": [...]}
     metadata.json                                {storage_dir, storage_format, trajectory_format, size,
-                                                  total_samples, trajectory_counter, seed}
+                                                  total_samples, trajectory_counter, seed}, and a checkpoint
+                                                  holding fewer than were added: num_added, kept (a sentence)
+
+A trajectory file holds ``dones``/``terminations``/``truncations`` with the ``T + E`` rows they were added
+with (one per epoch start, as RLinf writes them); readers align them with ``rewards``
+(:mod:`~objectrl_buffer.trajectory.trajectory`).
 
 ``info`` is ``{num_samples, trajectory_id, max_episode_length, shape, model_weights_id}``; the folders written
 here add ``bytes`` and ``crc32`` (hex) of the file, checked on every read (RLinf ignores keys it does not know,
@@ -37,7 +42,7 @@ import pickle
 import re
 import zipfile
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
 import torch
@@ -54,6 +59,7 @@ from objectrl_buffer.trajectory.trajectory import check_weights_id
 
 __all__ = [
     "METADATA",
+    "NUM_ADDED",
     "INDEX",
     "LEGACY_INDEX",
     "FORMATS",
@@ -70,6 +76,8 @@ __all__ = [
 ]
 
 METADATA = "metadata.json"
+#: Metadata key of a checkpoint holding fewer trajectories than were added: how many were added (ours only).
+NUM_ADDED = "num_added"
 INDEX = "trajectory_index.json"
 LEGACY_INDEX = "trajector_index.json"  # RLinf's merge tool reads (and writes) this misspelling too
 FORMATS = ("pt", "pkl")
@@ -91,6 +99,9 @@ class Entry:
     model_weights_id: str
     nbytes: int | None = None  # the file's size and crc32, where the index records them (ours do, RLinf's not)
     crc32: int | None = None
+    #: the epoch-first rows of done-like fields given with ``T + E`` rows (``Flat.heads``), written back
+    #: into the file; in memory only, never in the index
+    heads: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def info(self) -> dict[str, Any]:
         """RLinf's index entry (JSON types), plus ``bytes`` and ``crc32`` where known."""
@@ -110,8 +121,8 @@ class Entry:
         return replace(self, trajectory_id=trajectory_id)
 
     def with_file(self, nbytes: int, crc32: int) -> Entry:
-        """This entry, recording its file's size and checksum."""
-        return replace(self, nbytes=nbytes, crc32=crc32)
+        """This entry, recording its file's size and checksum (an index entry: no :attr:`heads`)."""
+        return replace(self, nbytes=nbytes, crc32=crc32, heads={})
 
 
 @dataclass
@@ -369,13 +380,21 @@ def sync_files(folder: str, paths: list[str]) -> None:
 
 
 def write_index(
-    folder: str, entries: list[Entry], fmt: str, seed: Any, *, legacy: bool = False, storage_dir: str | None = None
+    folder: str,
+    entries: list[Entry],
+    fmt: str,
+    seed: Any,
+    *,
+    legacy: bool = False,
+    storage_dir: str | None = None,
+    note: dict[str, Any] | None = None,
 ) -> None:
     """Rewrite the index, then the metadata, of ``folder`` (each atomically) to name exactly ``entries``.
 
     The index goes first: a kill between the two leaves metadata counting fewer trajectories than the
     index lists, and the loaders here recount from the index. ``legacy`` also writes ``trajector_index.json``;
-    ``storage_dir`` is what the metadata names (default: ``folder``).
+    ``storage_dir`` is what the metadata names (default: ``folder``); ``note``: more metadata keys (RLinf
+    ignores keys it does not know), e.g. :data:`NUM_ADDED` and ``kept`` of a partial checkpoint.
     """
     index = {
         "trajectory_index": {str(e.trajectory_id): e.info() for e in entries},
@@ -392,6 +411,8 @@ def write_index(
         "trajectory_counter": max((e.trajectory_id for e in entries), default=-1) + 1,
         "seed": seed if isinstance(seed, int) else None,
     }
+    for key, value in (note or {}).items():
+        metadata.setdefault(key, value)  # never one of RLinf's keys above
     _write_json(os.path.join(folder, METADATA), metadata)
 
 

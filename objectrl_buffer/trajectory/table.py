@@ -122,7 +122,7 @@ class Table:
         ring may rewrite the rows before the writer thread gets to them."""
         entry = self.entries[i]
         rows = {k: v.cpu() for k, v in self.read(i).items()}
-        return to_payload(entry.shape, entry.max_episode_length, entry.model_weights_id, rows)
+        return to_payload(entry.shape, entry.max_episode_length, entry.model_weights_id, rows, entry.heads)
 
 
 def shutdown(writer: TrajectoryWriter | None, table: list[Table]) -> None:

@@ -58,7 +58,9 @@ def _publish(destination: str, items: list[tuple[str, Entry]], fmt: str, seed: A
 
         # fsync waits on the device with the GIL released: several in flight overlap their waits
         copied = []
-        with progress_bar(total, "copying trajectories", progress) as bar, ThreadPoolExecutor(COPY_THREADS) as pool:
+        asked = bool(progress)  # True: at once and kept (a command on a terminal); None: after 0.5 s, erased
+        shown = progress_bar(total, "copying trajectories", progress, delay=0.0 if asked else 0.5, leave=asked)
+        with shown as bar, ThreadPoolExecutor(COPY_THREADS) as pool:
             for entry in pool.map(copy, items):
                 copied.append(entry)
                 bar.update(entry.nbytes or 0)
@@ -75,10 +77,8 @@ def _publish(destination: str, items: list[tuple[str, Entry]], fmt: str, seed: A
 def _rank_folders(source: str) -> list[str]:
     if not os.path.isdir(source):
         raise CheckpointNotFoundError(f"source path '{source}' is not a folder")
-    ranks = sorted(
-        ((int(m.group(1)), name) for name in os.listdir(source) if (m := _RANK.match(name))),
-    )
-    found = [os.path.join(source, name) for _, name in ranks]
+    # RLinf's toolkit sorts the names as text (rank_10 before rank_2): the same order, so the same ids
+    found = [os.path.join(source, name) for name in sorted(os.listdir(source)) if _RANK.match(name)]
     for path in found:  # all checked before anything is read, copied or (--move) removed
         mode = os.lstat(path).st_mode
         if not stat.S_ISDIR(mode):  # a symlink is never followed: --move would empty the folder it points to
@@ -95,12 +95,21 @@ def merge_rank_folders(
     move: bool = False,
     progress: bool | None = None,
 ) -> int:
-    """Merge the ``rank_*`` folders of ``source_path`` (numeric rank order) into ``save_path``.
+    """Merge the ``rank_*`` folders of ``source_path`` into ``save_path``.
 
-    Ids are renumbered ``0..`` in (original id, rank) order, interleaving the ranks as RLinf does; the
-    metadata takes the first rank's seed and both index file names are written: ``trajectory_index.json``
+    Ids are renumbered ``0..`` in (original id, rank) order, interleaving the ranks, with the ranks in RLinf's
+    order: their names sorted as text (``rank_0, rank_1, rank_10, rank_11, rank_2, ...``), so the ids equal
+    those RLinf's ``merge_or_split_replay_buffer.py`` gives for any number of ranks (of ten or more, a
+    numeric order would number same-id trajectories of ``rank_10`` and ``rank_2`` the other way round). Only
+    folders named ``rank_`` and digits are merged. The metadata takes the first rank's seed
+    (``rank_0``'s) and both index file names are written: ``trajectory_index.json``
     and ``trajector_index.json``, the misspelled name RLinf's merge tool writes and RLinf's loader reads (so
     that RLinf loads the merged folder; our loader reads either). Returns the count.
+
+    ``progress``: a tqdm bar over the bytes copied (with tqdm installed). ``None`` (default): only when
+    stderr is a terminal and no ``CI`` variable is set, once the copy has lasted half a second, erased when
+    done; ``True``: at once, left on screen when done (what ``objectrl-buffer trajectories merge`` asks for
+    on a terminal); ``False``: none.
 
     Raises:
         CheckpointNotFoundError (FileNotFoundError): no ``rank_*`` folder, or a file an index names is missing.
@@ -138,7 +147,8 @@ def split_folder(
 ) -> int:
     """Copy the first ``split_count`` trajectories of ``source_path`` (index order) to ``save_path``,
     renumbered ``0..split_count-1`` as RLinf does. With ``move`` they leave the source, whose index then
-    names the rest. Returns ``split_count``.
+    names the rest. Returns ``split_count``. ``progress``: as for
+    :func:`merge_rank_folders`.
 
     Raises:
         InvalidArgumentError (ValueError): ``split_count`` <= 0 or more than the folder holds; ``save_path`` not empty.

@@ -6,8 +6,10 @@ time-major: row ``t*B + b`` is step ``t`` of environment ``b``, as RLinf flatten
 
 Done-like fields (``dones``, ``terminations``, ``truncations``) may carry ``T + E`` rows: RLinf's rollout
 of ``E`` epochs of ``T/E`` steps each records one extra row at the start of every epoch (the state before
-the first step). As RLinf does, the first row of each epoch segment is dropped, so the field lines up
-with ``rewards``: ``reshape(E, T/E + 1, ...)[:, 1:]``.
+the first step). As RLinf does, the first row of each epoch segment is dropped from the stored rows, so the
+field lines up with ``rewards``: ``reshape(E, T/E + 1, ...)[:, 1:]``. The dropped rows are kept beside them
+(:attr:`Flat.heads`, ``[E, B, ...]``) and put back by :func:`to_payload`, so a trajectory file holds the
+``T + E`` rows RLinf writes (its viewer reads the done flags of a step from the file as they were recorded).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "flatten",
     "from_payload",
     "to_payload",
+    "with_heads",
     "check_weights_id",
     "trajectory_fields",
     "OPTIONAL_FIELDS",
@@ -92,6 +95,8 @@ class Flat:
     shape: tuple[int, ...]  # RLinf's index "shape": that of prev_logprobs (else rewards), [T, B, ...]
     max_episode_length: int
     model_weights_id: str
+    #: per done-like field given with ``T + E`` rows: its ``E`` dropped epoch-first rows ``[E, B, ...]`` (CPU)
+    heads: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:
@@ -122,16 +127,26 @@ def trajectory_fields(item: Any) -> dict[str, Any] | None:
     return {name: getattr(item, name) for name in _FIELD_ORDER if hasattr(item, name)}
 
 
-def _align(name: str, tensor: torch.Tensor, T: int) -> torch.Tensor:
-    """A done-like field with ``T + E`` rows as ``T`` rows: drop the first row of each epoch (RLinf's rule)."""
+def _align(name: str, tensor: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A done-like field with ``T + E`` rows as ``T`` rows, dropping the first row of each epoch (RLinf's rule),
+    and those dropped rows ``[E, ...]`` (a CPU copy)."""
     extra = tensor.shape[0] - T
-    if extra <= 0:
-        return tensor
     if T % extra:
         raise InvalidArgumentError(
             f"field '{name}' has {tensor.shape[0]} rows for T={T}: the {extra} extra rows must split T evenly"
         )
-    return tensor.reshape(extra, T // extra + 1, *tensor.shape[1:])[:, 1:].reshape(T, *tensor.shape[1:])
+    epochs = tensor.reshape(extra, T // extra + 1, *tensor.shape[1:])
+    return epochs[:, 1:].reshape(T, *tensor.shape[1:]), epochs[:, 0].cpu().clone()
+
+
+def with_heads(aligned: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+    """The ``T + E`` rows of a done-like field again: ``aligned`` ``[T, B, ...]`` with each of the ``E`` epochs
+    of ``heads`` ``[E, B, ...]`` put back before its ``T/E`` rows (the inverse of the alignment)."""
+    T, E = aligned.shape[0], heads.shape[0]
+    out = aligned.new_empty((E, T // E + 1, *aligned.shape[1:]))
+    out[:, 0] = heads.to(aligned.device)
+    out[:, 1:] = aligned.reshape(E, T // E, *aligned.shape[1:])
+    return out.reshape(T + E, *aligned.shape[1:])
 
 
 def flatten(item: object, where: str, *, strict: bool = True) -> Flat:
@@ -183,6 +198,7 @@ def flatten(item: object, where: str, *, strict: bool = True) -> Flat:
         raise InvalidArgumentError(f"{where}: max_episode_length must be an int, got {mel!r}")
     weights_id = check_weights_id(values.get("model_weights_id", ""), where)
     out: dict[Key, torch.Tensor] = {}
+    heads: dict[str, torch.Tensor] = {}
 
     def take(key: Key, name: str, value: Any) -> None:
         if value is None:
@@ -198,7 +214,7 @@ def flatten(item: object, where: str, *, strict: bool = True) -> Flat:
                 raise InvalidArgumentError(f"{where}: field '{name}' must be a tensor [T={T}, B={B}, ...], got {got}")
             return
         if value.shape[0] != T:
-            value = _align(name, value, T)
+            value, heads[name] = _align(name, value, T)
         out[key] = value.reshape(T * B, *value.shape[2:])
 
     for name, value in values.items():
@@ -215,7 +231,7 @@ def flatten(item: object, where: str, *, strict: bool = True) -> Flat:
                 take((name, str(sub)), f"{name}.{sub}", tensor)
         else:
             take(name, name, value)
-    return Flat(out, shape, mel, weights_id)
+    return Flat(out, shape, mel, weights_id, heads)
 
 
 #: The fields of :class:`Trajectory`: in a file, each holds a ``[T, B, ...]`` tensor (or a dict of them) or ``None``.
@@ -226,17 +242,23 @@ _SAMPLE_FIELDS = ("prev_logprobs", "rewards")
 
 
 def to_payload(
-    shape: tuple[int, ...], max_episode_length: int, weights_id: str, rows: Mapping[Key, torch.Tensor]
+    shape: tuple[int, ...],
+    max_episode_length: int,
+    weights_id: str,
+    rows: Mapping[Key, torch.Tensor],
+    heads: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """What a trajectory file holds (RLinf's layout): fields ``[T, B, ...]``, dict fields as dicts, and
     ``max_episode_length`` / ``model_weights_id``. ``rows`` are the stored rows ``[T*B, ...]`` (CPU);
-    ``shape[:2]`` is ``(T, B)``."""
+    ``shape[:2]`` is ``(T, B)``. A done-like field with ``heads`` (:attr:`Flat.heads`) gets its ``T + E``
+    rows back, as RLinf writes it."""
     T, B = shape[0], shape[1]
     payload: dict[str, Any] = {"max_episode_length": max_episode_length, "model_weights_id": weights_id}
     for key, value in rows.items():
         tensor = value.reshape(T, B, *value.shape[1:])
         if isinstance(key, str):
-            payload[key] = tensor
+            head = (heads or {}).get(key)
+            payload[key] = tensor if head is None else with_heads(tensor, head)
             continue
         node = payload
         for part in key[:-1]:

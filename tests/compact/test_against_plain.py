@@ -70,10 +70,13 @@ def check_against_plain(
     folder: pathlib.Path,
     storing_device: str = "cpu",
     with_next: bool = True,
+    form: str = "tensor",
+    loose_ends: bool = False,
 ) -> None:
-    """The writes of ``plan`` (``(batch?, steps)``) into a plain and a compact buffer, then every read of both."""
+    """The writes of ``plan`` (``(batch?, steps)``) into a plain and a compact buffer, then every read of both.
+    ``form``, ``loose_ends``: as :func:`~tests.compact.streams.one_step` and ``env_rows`` take them."""
     total = sum(n for _, n in plan)
-    streams = [env_rows(total, k, seed * 10 + e, end_rate, zero_pad) for e in range(envs)]
+    streams = [env_rows(total, k, seed * 10 + e, end_rate, zero_pad, loose_ends=loose_ends) for e in range(envs)]
     cls = PrioritizedReplayBuffer if prioritized else ReplayBuffer
     common: dict[str, Any] = {"seed": seed, "num_envs": envs, "storage_dir": folder}
     plain = cls(storing_device, storing_device, steps_per_env * envs, **common)
@@ -85,7 +88,7 @@ def check_against_plain(
                 rb.add_batch(steps_of(streams, t, t + n))
             else:
                 for step in range(t, t + n):
-                    rb.add(one_step(streams, step))
+                    rb.add(one_step(streams, step, form))
         t += n
         both(lambda rb: rb.sample_all(), plain, compact)
     size = len(plain)
@@ -122,6 +125,8 @@ writes = st.lists(st.tuples(st.booleans(), st.integers(1, 7)), min_size=1, max_s
     prioritized=st.booleans(),
     seed=st.integers(0, 1000),
     with_next=st.booleans(),
+    form=st.sampled_from(["tensor", "numpy", "readonly", "strided"]),
+    loose_ends=st.booleans(),
 )
 def test_every_read_matches_the_plain_buffer(
     tmp_path_factory: pytest.TempPathFactory,
@@ -134,10 +139,23 @@ def test_every_read_matches_the_plain_buffer(
     prioritized: bool,
     seed: int,
     with_next: bool,
+    form: str,
+    loose_ends: bool,
 ) -> None:
     folder = tmp_path_factory.mktemp("compact")
     check_against_plain(
-        envs, k, steps_per_env, plan, end_rate, zero_pad, prioritized, seed, folder, with_next=with_next
+        envs,
+        k,
+        steps_per_env,
+        plan,
+        end_rate,
+        zero_pad,
+        prioritized,
+        seed,
+        folder,
+        with_next=with_next,
+        form=form,
+        loose_ends=loose_ends,
     )
 
 

@@ -70,7 +70,7 @@ def test_flushed_folder_has_rlinf_names_keys_and_index(make: Any, tmp_path: Path
     payload = torch.load(tmp_path / "trajectory_1_w1_0.pt", weights_only=True)
     assert payload["model_weights_id"] == "w1_0" and payload["max_episode_length"] == 4
     assert torch.equal(payload["curr_obs"]["state"], torch.full((4, 2, 3), 1.0))
-    assert payload["rewards"].shape == (4, 2) and payload["dones"].shape == (4, 2)  # stored aligned
+    assert payload["rewards"].shape == (4, 2) and payload["dones"].shape == (6, 2)  # T + E rows, as RLinf writes
 
 
 def test_a_fresh_process_loading_the_folder_samples_identical_data(make: Any, tmp_path: Path) -> None:

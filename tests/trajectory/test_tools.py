@@ -68,12 +68,12 @@ def test_merge_interleaves_ranks_by_original_id_and_leaves_the_source(ranks: Pat
     rb.close()
 
 
-def test_ranks_sort_numerically(tmp_path: Path) -> None:
+def test_ranks_sort_as_text_as_rlinf_does(tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_rank(src / "rank_10", [100])
     write_rank(src / "rank_2", [20])
     merge_rank_folders(src, tmp_path / "out")
-    assert markers_by_id(tmp_path / "out") == [20, 100]  # rank_2 before rank_10 (RLinf: the other way round)
+    assert markers_by_id(tmp_path / "out") == [100, 20]  # rank_10 before rank_2, as RLinf's toolkit numbers them
 
 
 def test_merge_move_removes_the_sources_only_at_the_end(ranks: Path, tmp_path: Path) -> None:

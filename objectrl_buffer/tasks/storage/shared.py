@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import struct
-import tempfile
 import weakref
 import zlib
 from collections.abc import Iterator, Sequence
@@ -41,6 +40,7 @@ from objectrl_buffer.core.group_fifo import GroupCounts, plan_store
 from objectrl_buffer.core.sync import lock_file
 from objectrl_buffer.core.validate import folder, positive_int
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
+from objectrl_buffer.storage import shm_files
 
 from ..codec import decode_row, encode_row
 from ..rows import DataRow, normalize_row, row_list
@@ -80,7 +80,8 @@ class SharedTaskStorage(TableStorage):
     def __init__(self, max_capacity: int = 10000, path: str | os.PathLike[str] | None = None) -> None:
         self.max_capacity = positive_int(max_capacity, "max_capacity")
         self._owned = path is None
-        self.path = tempfile.mkdtemp(prefix="objectrl-tasks-") if path is None else folder(path, "path")
+        # a temporary folder is named after this process (see objectrl-buffer clean)
+        self.path = shm_files.new_folder(shm_files.TASKS_PREFIX) if path is None else folder(path, "path")
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as exc:
