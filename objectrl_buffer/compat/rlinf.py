@@ -163,17 +163,15 @@ class TrajectoryReplayBuffer(_TrajectoryBuffer):
         return {i: self.trajectory_info(i) for i in self.trajectory_ids}
 
     def load_trajectory(self, trajectory_id: int) -> Trajectory:
-        """One stored trajectory as a :class:`Trajectory` with RLinf's fields ``[T, B, ...]`` (``None`` for a
-        field it lacked; done-like fields with ``T`` rows, aligned with ``rewards``), read from the buffer's
-        storage, never from a file.
+        """One stored trajectory as a :class:`Trajectory` with RLinf's fields ``[T, B, ...]`` as its file holds
+        them (``None`` for a field it lacked; done-like fields with their ``T + E`` rows, as added), read from
+        the buffer's storage, never from a file.
 
         Raises:
             InvalidArgumentError: ``trajectory_id`` is not stored (:attr:`trajectory_ids`).
         """
-        info = self.trajectory_info(trajectory_id)
-        data = self.get_trajectory(trajectory_id)
-        trajectory = Trajectory(info["max_episode_length"], info["model_weights_id"])
-        for name, value in _as_dict(data).items():
+        trajectory = Trajectory()
+        for name, value in self.trajectory_payload(trajectory_id).items():
             setattr(trajectory, name, value)  # as RLinf's _load_trajectory sets every field of the file
         return trajectory
 

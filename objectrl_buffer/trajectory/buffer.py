@@ -324,6 +324,18 @@ class TrajectoryReplayBuffer:
         values = {key: value.reshape(T, B, *value.shape[1:]).to(self.device) for key, value in rows.items()}
         return make_tensordict(values, torch.Size([T, B]), self.device)
 
+    def trajectory_payload(self, trajectory_id: int) -> dict[str, Any]:
+        """One stored trajectory as its RLinf file holds it, read from storage (CPU copies): fields
+        ``[T, B, ...]`` (done-like ones with their ``T + E`` rows, as added), the dict fields as dicts,
+        ``max_episode_length`` and ``model_weights_id``; a field it lacked is left out.
+
+        Raises:
+            InvalidArgumentError: ``trajectory_id`` is not stored. ClosedBufferError: the buffer was closed.
+        """
+        self._check_open()
+        with self._lock:
+            return self._table.payload(self._position(trajectory_id))
+
     def is_ready(self, min_size: int) -> bool:
         """Whether at least ``min_size`` trajectories were added (:attr:`num_added`, as RLinf counts: a buffer
         that evicts is ready as soon as that many went through it, not only once it holds them).

@@ -36,14 +36,18 @@ class UserTrajectory:
 
 
 def fields_of(m: int, T: int = 4, B: int = 2, versions: bool = True, epochs: int = 0) -> dict[str, Any]:
-    """Trajectory ``m``'s fields: every value ``m`` (actions ``m*1000 + row``); ``dones`` ``T + epochs`` rows."""
+    """Trajectory ``m``'s fields: every value ``m`` (actions ``m*1000 + row``); ``dones`` ``T + epochs`` rows,
+    the first of each epoch ``True``."""
     rows = torch.arange(T * B, dtype=torch.float32).reshape(T, B)
+    dones = torch.zeros(T + epochs, B, dtype=torch.bool)
+    if epochs:
+        dones.reshape(epochs, T // epochs + 1, B)[:, 0] = True  # the rows RLinf's alignment drops
     return {
         "max_episode_length": T,
         "model_weights_id": f"w{m}",
         "actions": (m * 1000 + rows).unsqueeze(-1),
         "rewards": torch.full((T, B), float(m)),
-        "dones": torch.zeros(T + epochs, B, dtype=torch.bool),
+        "dones": dones,
         "prev_logprobs": torch.full((T, B), float(m)),
         "versions": torch.full((T, B, 1), float(m + 1)) if versions else None,
         "forward_inputs": {"action": (m * 1000 + rows).unsqueeze(-1)},
@@ -191,8 +195,9 @@ def test_a_public_index_and_read_back_by_id(make: Any) -> None:
     assert isinstance(one, Trajectory) and one.versions is None and one.model_weights_id == "w1"
     assert torch.equal(one.actions, fields_of(1)["actions"])
     assert torch.equal(one.curr_obs["states"], fields_of(1)["curr_obs"]["states"])
-    assert one.dones.shape == (4, 2)  # aligned with rewards, as stored
-    assert rb.get_trajectory(2)["versions"].shape == (4, 2, 1)
+    assert torch.equal(one.dones, fields_of(1, epochs=2)["dones"])  # T + E rows, as added and as its file holds
+    assert one.max_episode_length == 4 and rb.trajectory_payload(1)["model_weights_id"] == "w1"
+    assert rb.get_trajectory(2)["versions"].shape == (4, 2, 1) and rb.get_trajectory(2)["dones"].shape == (4, 2)
     with pytest.raises(InvalidArgumentError, match="trajectory_id=7"):
         rb.trajectory_info(7)
     with pytest.raises(InvalidArgumentError, match="trajectory_id=7"):
