@@ -282,16 +282,6 @@ class TrajectoryReplayBuffer:
         """Ids of the stored trajectories, oldest first."""
         return [e.trajectory_id for e in self._table.entries]
 
-    def _position(self, trajectory_id: int) -> int:
-        if isinstance(trajectory_id, bool) or not isinstance(trajectory_id, int):
-            raise InvalidArgumentError(f"trajectory_id must be an int, got {trajectory_id!r}")
-        for i, entry in enumerate(self._table.entries):
-            if entry.trajectory_id == trajectory_id:
-                return i
-        raise InvalidArgumentError(
-            f"trajectory_id={trajectory_id} is not stored (stored ids: see trajectory_ids, {len(self)} of them)"
-        )
-
     def trajectory_info(self, trajectory_id: int) -> dict[str, Any]:
         """RLinf's index entry of a stored trajectory: ``{num_samples, trajectory_id, max_episode_length, shape,
         model_weights_id}`` (``shape`` a list, ``[T, B, ...]`` of its ``prev_logprobs`` or ``rewards``), plus
@@ -301,11 +291,7 @@ class TrajectoryReplayBuffer:
             InvalidArgumentError: ``trajectory_id`` is not stored (:attr:`trajectory_ids`).
         """
         with self._lock:
-            i = self._position(trajectory_id)
-            entry, missing = self._table.entries[i], self._table.missing[i]
-        info = {k: v for k, v in entry.info().items() if k not in ("bytes", "crc32")}
-        info["missing"] = sorted(k if isinstance(k, str) else ".".join(k) for k in missing)
-        return info
+            return self._table.info(self._table.position(trajectory_id))
 
     def get_trajectory(self, trajectory_id: int) -> TensorDict:
         """A copy of one stored trajectory: a TensorDict of batch size ``[T, B]`` on ``device``, nested keys
@@ -317,7 +303,7 @@ class TrajectoryReplayBuffer:
         """
         self._check_open()
         with self._lock:
-            i = self._position(trajectory_id)
+            i = self._table.position(trajectory_id)
             shape = self._table.entries[i].shape
             rows = self._table.read(i)
         T, B = shape[0], shape[1]
@@ -334,7 +320,7 @@ class TrajectoryReplayBuffer:
         """
         self._check_open()
         with self._lock:
-            return self._table.payload(self._position(trajectory_id))
+            return self._table.payload(self._table.position(trajectory_id))
 
     def is_ready(self, min_size: int) -> bool:
         """Whether at least ``min_size`` trajectories were added (:attr:`num_added`, as RLinf counts: a buffer

@@ -17,7 +17,7 @@ import torch
 
 from objectrl_buffer.core.keys import PRESENT_KEY
 from objectrl_buffer.core.schema import Key, Schema, format_key
-from objectrl_buffer.errors import SchemaError
+from objectrl_buffer.errors import InvalidArgumentError, SchemaError
 from objectrl_buffer.trajectory.files import Entry
 from objectrl_buffer.trajectory.rows import CHUNK_BYTES, Pairs, RowStore
 from objectrl_buffer.trajectory.trajectory import OPTIONAL_FIELDS, to_payload
@@ -106,6 +106,23 @@ class Table:
         self.missing.append(missing)
         self.total += n
         return first, evicted
+
+    def position(self, trajectory_id: int) -> int:
+        """Where the trajectory ``trajectory_id`` is in :attr:`entries`, or :class:`InvalidArgumentError`."""
+        if isinstance(trajectory_id, bool) or not isinstance(trajectory_id, int):
+            raise InvalidArgumentError(f"trajectory_id must be an int, got {trajectory_id!r}")
+        for i, entry in enumerate(self.entries):
+            if entry.trajectory_id == trajectory_id:
+                return i
+        raise InvalidArgumentError(
+            f"trajectory_id={trajectory_id} is not stored ({len(self.entries)} are: see trajectory_ids)"
+        )
+
+    def info(self, i: int) -> dict[str, Any]:
+        """RLinf's index entry of the ``i``-th trajectory, plus ``missing``: the keys it lacked (dotted names)."""
+        info = {k: v for k, v in self.entries[i].info().items() if k not in ("bytes", "crc32")}
+        info["missing"] = sorted(format_key(k) for k in self.missing[i])
+        return info
 
     def read(self, i: int) -> dict[Key, torch.Tensor]:
         """Copies of the ``i``-th stored trajectory's rows ``[T*B, ...]`` (storing device), less the keys it lacked."""
