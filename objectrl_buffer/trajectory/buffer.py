@@ -26,6 +26,12 @@ Differences from rlinf 0.3.0 (``rlinf/data/replay_buffer.py``), each on purpose:
 * ``clear_cache()`` waits for the writer and keeps the buffer usable (upstream shuts its writer down, so
   the next saving add raises). ``enable_cache``/``cache_size`` are accepted and reported by
   :meth:`get_stats`; every stored trajectory is in the library's storage, so a sample has no slow path.
+  RLinf's cleanup ``close(); clear(); clear_cache()`` works: ``clear`` and ``clear_cache`` are the two
+  calls a closed buffer accepts.
+* A trajectory without one of RLinf's tensor fields the buffer holds (RLinf's ``extract_intervene_traj()``
+  drops ``versions``) is stored with :data:`~objectrl_buffer.trajectory.table.FILL_VALUE` rows and a
+  presence mask in every sample (:attr:`optional_keys`); upstream samples whatever its cache slot held
+  there (uninitialised memory).
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from objectrl_buffer.core.schema import Schema
+from objectrl_buffer.core.keys import PRESENT_KEY
+from objectrl_buffer.core.schema import Key, Schema
 from objectrl_buffer.core.seeding import derived_seed
 from objectrl_buffer.core.validate import device as checked_device
 from objectrl_buffer.core.validate import positive_int
@@ -55,8 +62,8 @@ from objectrl_buffer.storage.table import make_tensordict
 from objectrl_buffer.trajectory import checkpoint, files
 from objectrl_buffer.trajectory.files import Entry
 from objectrl_buffer.trajectory.rows import Pairs, RowStore
-from objectrl_buffer.trajectory.table import Table, shutdown
-from objectrl_buffer.trajectory.trajectory import Flat, Trajectory, flatten
+from objectrl_buffer.trajectory.table import Table, complete, shutdown
+from objectrl_buffer.trajectory.trajectory import Flat, Trajectory, flatten, trajectory_fields
 from objectrl_buffer.trajectory.writer import TrajectoryWriter
 
 __all__ = ["TrajectoryReplayBuffer"]
@@ -175,11 +182,13 @@ class TrajectoryReplayBuffer:
         window = self._window_size
         self.keep: int | None = window if (not save and self.capacity is None and window > 0) else None
         self._added = 0  # trajectories added since construction, clear or load: rlinf's size
+        self._added_samples = 0  # and their transitions: rlinf's total_samples
+        self._optional: dict[Key, None] = {}  # stored keys some trajectory lacked (ordered set), see optional_keys
         self._lock = threading.RLock()
         self._holder = [Table(self.capacity, self.storing_device, self.keep)]  # a list: the finalizer sees swaps
         self._counter = 0
         self._version = 0
-        self._window: tuple[int, int, torch.Tensor, torch.Tensor, int] | None = None
+        self._window: tuple[int, int, torch.Tensor, torch.Tensor, int, dict[Key, torch.Tensor]] | None = None
         self._closed = False
         self._writer: TrajectoryWriter | None = None
         # ids a resumed folder's index names that the table could not keep (capacity): dropped from the index
@@ -246,6 +255,19 @@ class TrajectoryReplayBuffer:
         return self._added
 
     @property
+    def num_added_samples(self) -> int:
+        """Transitions of the :attr:`num_added` trajectories: what RLinf's ``total_samples`` counts."""
+        return self._added_samples
+
+    @property
+    def optional_keys(self) -> list[Key]:
+        """Stored keys that some trajectory added (or loaded) since construction, :meth:`clear` or a load
+        lacked, in the order first seen. Each sample then carries, per such key, ``("present", *key)``: a
+        bool ``[k]``, ``False`` where the row's trajectory lacked the key (its rows hold
+        :data:`~objectrl_buffer.trajectory.table.FILL_VALUE`, 0). Empty while every trajectory had every key."""
+        return list(self._optional)
+
+    @property
     def size(self) -> int:
         """Number of stored trajectories (RLinf's attribute)."""
         return len(self._table.entries)
@@ -259,6 +281,46 @@ class TrajectoryReplayBuffer:
     def trajectory_ids(self) -> list[int]:
         """Ids of the stored trajectories, oldest first."""
         return [e.trajectory_id for e in self._table.entries]
+
+    def trajectory_info(self, trajectory_id: int) -> dict[str, Any]:
+        """RLinf's index entry of a stored trajectory: ``{num_samples, trajectory_id, max_episode_length, shape,
+        model_weights_id}`` (``shape`` a list, ``[T, B, ...]`` of its ``prev_logprobs`` or ``rewards``), plus
+        ``missing``: the stored keys it lacked (dotted names, e.g. ``["versions"]``).
+
+        Raises:
+            InvalidArgumentError: ``trajectory_id`` is not stored (:attr:`trajectory_ids`).
+        """
+        with self._lock:
+            return self._table.info(self._table.position(trajectory_id))
+
+    def get_trajectory(self, trajectory_id: int) -> TensorDict:
+        """A copy of one stored trajectory: a TensorDict of batch size ``[T, B]`` on ``device``, nested keys
+        for the dict fields, without the keys it lacked. Done-like fields hold ``T`` rows (aligned with
+        ``rewards``, as stored). Its metadata: :meth:`trajectory_info`.
+
+        Raises:
+            InvalidArgumentError: ``trajectory_id`` is not stored. ClosedBufferError: the buffer was closed.
+        """
+        self._check_open()
+        with self._lock:
+            i = self._table.position(trajectory_id)
+            shape = self._table.entries[i].shape
+            rows = self._table.read(i)
+        T, B = shape[0], shape[1]
+        values = {key: value.reshape(T, B, *value.shape[1:]).to(self.device) for key, value in rows.items()}
+        return make_tensordict(values, torch.Size([T, B]), self.device)
+
+    def trajectory_payload(self, trajectory_id: int) -> dict[str, Any]:
+        """One stored trajectory as its RLinf file holds it, read from storage (CPU copies): fields
+        ``[T, B, ...]`` (done-like ones with their ``T + E`` rows, as added), the dict fields as dicts,
+        ``max_episode_length`` and ``model_weights_id``; a field it lacked is left out.
+
+        Raises:
+            InvalidArgumentError: ``trajectory_id`` is not stored. ClosedBufferError: the buffer was closed.
+        """
+        self._check_open()
+        with self._lock:
+            return self._table.payload(self._table.position(trajectory_id))
 
     def is_ready(self, min_size: int) -> bool:
         """Whether at least ``min_size`` trajectories were added (:attr:`num_added`, as RLinf counts: a buffer
@@ -297,7 +359,7 @@ class TrajectoryReplayBuffer:
         With ``save_trajectories`` the files are written in the background (see :meth:`flush`).
         """
         self._check_open()
-        if isinstance(trajectories, (Trajectory, TensorDictBase)):
+        if isinstance(trajectories, TensorDictBase) or trajectory_fields(trajectories) is not None:
             trajectories = [trajectories]
         if not isinstance(trajectories, Sequence):
             raise InvalidArgumentError(
@@ -310,25 +372,36 @@ class TrajectoryReplayBuffer:
         with self._lock:
             table = self._table
             schema = table.rows.schema
-            ready: list[tuple[Flat, Schema, Pairs, int]] = []
+            ready: list[tuple[Flat, Schema, Pairs, int, frozenset[Key]]] = []
             for i, item in enumerate(trajectories):
                 where = f"trajectories[{i}]"
                 flat = flatten(item, where)
-                schema, pairs, n = table.rows.prepare(flat.rows, schema)
+                rows, missing = complete(flat.rows, schema, where)
+                schema, pairs, n = table.rows.prepare(rows, schema)
                 if self.capacity is not None and n > self.capacity:
                     raise InvalidArgumentError(f"{where} has {n} transitions, more than capacity={self.capacity}")
-                ready.append((flat, schema, pairs, n))
-            for flat, schema, pairs, n in ready:
-                self._store(table, flat, schema, pairs, n, self._counter, persist=True)
+                ready.append((flat, schema, pairs, n, missing))
+            for flat, schema, pairs, n, missing in ready:
+                self._store(table, flat, schema, pairs, n, self._counter, persist=True, missing=missing)
                 self._counter += 1
                 self._added += 1
+                self._added_samples += n
+                self._optional.update(dict.fromkeys(sorted(missing, key=str)))
             self._version += 1
 
     def _store(
-        self, table: Table, flat: Flat, schema: Schema, pairs: Pairs, n: int, trajectory_id: int, persist: bool
+        self,
+        table: Table,
+        flat: Flat,
+        schema: Schema,
+        pairs: Pairs,
+        n: int,
+        trajectory_id: int,
+        persist: bool,
+        missing: frozenset[Key] = frozenset(),
     ) -> None:
         entry = Entry(trajectory_id, n, flat.max_episode_length, flat.shape, flat.model_weights_id, heads=flat.heads)
-        _, evicted = table.append(schema, pairs, n, entry)
+        _, evicted = table.append(schema, pairs, n, entry, missing)
         writer = self._writer
         if persist and writer is not None:
             if evicted or self._unkept:
@@ -337,12 +410,13 @@ class TrajectoryReplayBuffer:
             writer.submit(entry, table.payload(len(table.entries) - 1))
 
     # ------------------------------------------------------------------ sampling
-    def _window_tensors(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """``(cumulative ends, address offsets, transitions)`` of the window, cached per add and window size."""
+    def _window_tensors(self) -> tuple[torch.Tensor, torch.Tensor, int, dict[Key, torch.Tensor]]:
+        """``(cumulative ends, address offsets, transitions, presence)`` of the window, cached per add and
+        window size; ``presence[key]``: per window trajectory, whether it held the optional ``key``."""
         window = self.sample_window_size
         cached = self._window
         if cached is not None and cached[0] == self._version and cached[1] == window:
-            return cached[2], cached[3], cached[4]
+            return cached[2], cached[3], cached[4], cached[5]
         table = self._table
         start = max(0, len(table.entries) - window) if window > 0 else 0
         counts = torch.tensor([e.num_samples for e in table.entries[start:]], dtype=torch.int64)
@@ -350,14 +424,19 @@ class TrajectoryReplayBuffer:
         ends = counts.cumsum(0)
         offsets = firsts - (ends - counts)  # address = sample index + offset of its trajectory
         total = int(ends[-1]) if ends.numel() else 0
-        self._window = (self._version, window, ends, offsets, total)
-        return ends, offsets, total
+        presence = {
+            key: torch.tensor([key not in lacked for lacked in table.missing[start:]], dtype=torch.bool)
+            for key in self._optional
+        }
+        self._window = (self._version, window, ends, offsets, total, presence)
+        return ends, offsets, total, presence
 
     def sample(self, num_chunks: int) -> TensorDict:
         """``num_chunks`` transitions drawn uniformly with replacement from the newest ``sample_window_size``
         trajectories, as a TensorDict of batch size ``[k]`` on ``device`` (nested keys for the dict fields).
 
-        ``k = min(num_chunks, transitions in the window)``, as RLinf clips it.
+        ``k = min(num_chunks, transitions in the window)``, as RLinf clips it. For each of
+        :attr:`optional_keys` the sample also holds ``("present", *key)``, a bool ``[k]`` (see there).
 
         Raises:
             InvalidArgumentError: ``num_chunks`` is not a positive int.
@@ -368,15 +447,18 @@ class TrajectoryReplayBuffer:
         with self._lock:
             if self._table.total == 0:
                 raise EmptyBufferError("Cannot sample from an empty buffer.")
-            ends, offsets, total = self._window_tensors()
+            ends, offsets, total, presence = self._window_tensors()
             k = min(num_chunks, total)
             index = torch.randint(total, (k,), generator=self.generator)
-            addresses = index + offsets[torch.bucketize(index, ends, right=True)]
+            owner = torch.bucketize(index, ends, right=True)
+            addresses = index + offsets[owner]
             if self.storing_device.type != "cpu":
                 addresses = addresses.to(self.storing_device)
             values = self._table.rows.gather(addresses)
         if self.device != self.storing_device:
             values = {key: value.to(self.device) for key, value in values.items()}
+        for key, held in presence.items():
+            values[(PRESENT_KEY, key) if isinstance(key, str) else (PRESENT_KEY, *key)] = held[owner].to(self.device)
         return make_tensordict(values, torch.Size([k]), self.device)
 
     # ------------------------------------------------------------------ lifecycle
@@ -390,7 +472,8 @@ class TrajectoryReplayBuffer:
 
     def close(self, wait: bool = True) -> None:
         """Stop the writer after its queued work (with ``wait``, wait for it) and free the rows. Idempotent;
-        any later use raises :class:`ClosedBufferError`."""
+        any later use but :meth:`clear` and :meth:`clear_cache` (RLinf's cleanup runs ``close(); clear();
+        clear_cache()``) raises :class:`ClosedBufferError`."""
         if self._closed:
             return
         self._closed = True
@@ -403,22 +486,26 @@ class TrajectoryReplayBuffer:
 
     def clear(self) -> None:
         """Forget every trajectory and reset the id counter. The writer's index is emptied too; trajectory
-        files already written stay on disk (as RLinf leaves them), unindexed."""
-        self._check_open()
+        files already written stay on disk (as RLinf leaves them), unindexed. On a closed buffer it only
+        resets the counts (``len`` 0; the folder is left as the close published it)."""
         with self._lock:
             old = self._table
             self._holder[0] = Table(self.capacity, self.storing_device, self.keep)
             old.rows.close()
             self._counter = 0
             self._added = 0
+            self._added_samples = 0
+            self._optional = {}
             self._version += 1
             self._unkept = []
-            if self._writer is not None:
+            if self._writer is not None and not self._closed:
                 self._writer.reset([])
 
     def clear_cache(self) -> None:
-        """RLinf's ``clear_cache``: wait for pending writes. Rows stay stored and the buffer stays usable."""
-        self.flush()
+        """RLinf's ``clear_cache``: wait for pending writes. Rows stay stored and the buffer stays usable;
+        on a closed buffer it does nothing."""
+        if not self._closed:
+            self.flush()
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_path: str | os.PathLike[str]) -> None:
@@ -519,6 +606,8 @@ class TrajectoryReplayBuffer:
         recorded = folder.metadata.get(files.NUM_ADDED)  # a partial checkpoint's count (save_checkpoint)
         if len(entries) == len(folder.entries) and isinstance(recorded, int) and not isinstance(recorded, bool):
             self._added = max(recorded, len(entries))
+        self._added_samples = sum(e.num_samples for e in entries)
+        self._optional = {key: None for lacked in table.missing for key in sorted(lacked, key=str)}
         ids = [e.trajectory_id for e in entries]
         counter = folder.metadata.get("trajectory_counter", 0) if len(entries) == len(folder.entries) else 0
         self._counter = max(counter if isinstance(counter, int) else 0, max(ids, default=-1) + 1)

@@ -30,8 +30,8 @@ from objectrl_buffer.core.validate import positive_int
 from objectrl_buffer.errors import CheckpointError, InvalidArgumentError, SchemaError
 from objectrl_buffer.trajectory import files
 from objectrl_buffer.trajectory.files import Entry
-from objectrl_buffer.trajectory.table import Table
-from objectrl_buffer.trajectory.trajectory import from_payload
+from objectrl_buffer.trajectory.table import Table, complete
+from objectrl_buffer.trajectory.trajectory import OPTIONAL_FIELDS, from_payload
 
 __all__ = ["write_folder", "check_rank", "rank_share", "read_table"]
 
@@ -201,14 +201,15 @@ def read_table(
                 flat = from_payload(files.load_payload(file, allow_pickle, entry), f"'{file}'")
                 first = first or (file, _fields(flat.rows))
                 _check_same_fields(file, flat.rows, *first)
-                schema, pairs, n = table.rows.prepare(flat.rows, schema)
+                rows, missing = complete(flat.rows, schema, f"'{file}'")  # a field RLinf left out: as an add
+                schema, pairs, n = table.rows.prepare(rows, schema)
             except (InvalidArgumentError, SchemaError) as exc:  # the file's content, not the caller's argument
                 raise CheckpointError(f"trajectory file '{file}' holds no valid trajectory: {exc}") from None
             if n != entry.num_samples:
                 raise CheckpointError(f"'{file}' holds {n} transitions, its index entry says {entry.num_samples}")
             if capacity is not None and n > capacity:
                 raise InvalidArgumentError(f"'{file}' has {n} transitions, more than capacity={capacity}")
-            table.append(schema, pairs, n, replace(entry, heads=flat.heads))  # T + E done rows, written back
+            table.append(schema, pairs, n, replace(entry, heads=flat.heads), missing)  # T + E done rows, written back
     except BaseException:
         table.rows.close()
         raise
@@ -223,13 +224,15 @@ def _fields(rows: dict[Key, torch.Tensor]) -> dict[Key, tuple[torch.dtype, tuple
 def _check_same_fields(
     file: str, rows: dict[Key, torch.Tensor], first_file: str, first: dict[Key, tuple[torch.dtype, tuple[int, ...]]]
 ) -> None:
-    """Refuse a trajectory file whose fields differ from the first file's of the load (a missing or extra
-    field, another dtype or per-row shape: no cast, no reshape), naming both files and the field."""
+    """Refuse a trajectory file whose fields differ from the first file's of the load (an extra field, another
+    dtype or per-row shape: no cast, no reshape), naming both files and the field. Lacking one of RLinf's
+    tensor fields (``OPTIONAL_FIELDS``, e.g. ``versions``) is no difference: RLinf writes only the fields a
+    trajectory has, and the load fills it as an add does."""
     if file == first_file:
         return
     mine = _fields(rows)
     for key in [*first, *(k for k in mine if k not in first)]:
-        if mine.get(key) != first.get(key):
+        if (key in mine or key not in OPTIONAL_FIELDS) and mine.get(key) != first.get(key):
             theirs = first.get(key)
             got = "no such field" if key not in mine else f"dtype {mine[key][0]}, rows of shape {list(mine[key][1])}"
             want = "no such field" if theirs is None else f"dtype {theirs[0]}, rows of shape {list(theirs[1])}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 import torch
@@ -35,6 +35,8 @@ __all__ = [
     "to_payload",
     "with_heads",
     "check_weights_id",
+    "trajectory_fields",
+    "OPTIONAL_FIELDS",
 ]
 
 #: Fields that are dicts of tensors ``[T, B, ...]``.
@@ -43,6 +45,19 @@ DICT_FIELDS = ("forward_inputs", "curr_obs", "next_obs")
 DONE_FIELDS = ("dones", "terminations", "truncations")
 #: Metadata fields (not rows).
 META_FIELDS = ("max_episode_length", "model_weights_id")
+#: The tensor fields of :class:`Trajectory` (each ``None`` by default, in RLinf too): a trajectory may lack one
+#: the buffer holds (RLinf's ``extract_intervene_traj()`` drops ``versions``). Keys of the dict fields may not.
+OPTIONAL_FIELDS = (
+    "actions",
+    "intervene_flags",
+    "rewards",
+    "terminations",
+    "truncations",
+    "dones",
+    "prev_logprobs",
+    "prev_values",
+    "versions",
+)
 # model_weights_id goes into a file name: no separators, no "..", nothing a shell or glob treats specially
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.\-]*$")
 
@@ -97,6 +112,21 @@ def check_weights_id(value: Any, where: str) -> str:
     return value
 
 
+def trajectory_fields(item: Any) -> dict[str, Any] | None:
+    """The fields of a trajectory object by name, or ``None`` if ``item`` is none.
+
+    Duck-typed: :class:`Trajectory`, RLinf's own ``Trajectory`` dataclass, or any object (a dataclass, an
+    ``attrs`` class, a plain object) with ``rewards`` or ``prev_logprobs`` among RLinf's field names. A
+    dataclass gives all its fields (as RLinf's flattening walks ``__dataclass_fields__``); any other object
+    the attributes it has of :class:`Trajectory`'s fields.
+    """
+    if isinstance(item, (type, TensorDictBase)) or not any(hasattr(item, n) for n in _SAMPLE_FIELDS):
+        return None
+    if is_dataclass(item):
+        return {f.name: getattr(item, f.name) for f in fields(item)}
+    return {name: getattr(item, name) for name in _FIELD_ORDER if hasattr(item, name)}
+
+
 def _align(name: str, tensor: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A done-like field with ``T + E`` rows as ``T`` rows, dropping the first row of each epoch (RLinf's rule),
     and those dropped rows ``[E, ...]`` (a CPU copy)."""
@@ -119,8 +149,9 @@ def with_heads(aligned: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
     return out.reshape(T + E, *aligned.shape[1:])
 
 
-def flatten(item: Trajectory | TensorDictBase | Mapping[str, Any], where: str, *, strict: bool = True) -> Flat:
-    """Rows ``[T*B, ...]`` of a :class:`Trajectory`, a TensorDict of batch size ``[T, B]``, or a file payload.
+def flatten(item: object, where: str, *, strict: bool = True) -> Flat:
+    """Rows ``[T*B, ...]`` of a trajectory object (:func:`trajectory_fields`: ours, RLinf's, any with its
+    fields), a TensorDict of batch size ``[T, B]``, or a file payload (a mapping).
 
     ``strict=False`` (files RLinf wrote) skips values that are not tensors under a name RLinf's
     :class:`Trajectory` has no field for (as RLinf's sampler does); every other value that is not a
@@ -143,14 +174,16 @@ def flatten(item: Trajectory | TensorDictBase | Mapping[str, Any], where: str, *
         if not rows:
             raise InvalidArgumentError(f"{where}: the TensorDict trajectory holds no tensors")
         return Flat(rows, (T, B), 0, "")
-    if isinstance(item, Trajectory):
-        values = {f.name: getattr(item, f.name) for f in fields(item)}
-    elif isinstance(item, Mapping):
+    if isinstance(item, Mapping):
         values = dict(item)
     else:
-        raise InvalidArgumentError(
-            f"{where}: expected a Trajectory or a TensorDict of batch size [T, B], got {type(item).__name__}"
-        )
+        found = trajectory_fields(item)
+        if found is None:
+            raise InvalidArgumentError(
+                f"{where}: expected a Trajectory (or any object with RLinf's trajectory fields, such as "
+                f"rlinf's own) or a TensorDict of batch size [T, B], got {type(item).__name__}"
+            )
+        values = found
     ref = values.get("prev_logprobs")
     if not isinstance(ref, torch.Tensor):
         ref = values.get("rewards")
@@ -203,6 +236,9 @@ def flatten(item: Trajectory | TensorDictBase | Mapping[str, Any], where: str, *
 
 #: The fields of :class:`Trajectory`: in a file, each holds a ``[T, B, ...]`` tensor (or a dict of them) or ``None``.
 _FIELD_NAMES = frozenset(f.name for f in fields(Trajectory))
+_FIELD_ORDER = tuple(f.name for f in fields(Trajectory))
+#: A trajectory object has at least one of these (the fields its sample count comes from).
+_SAMPLE_FIELDS = ("prev_logprobs", "rewards")
 
 
 def to_payload(

@@ -140,8 +140,10 @@ def test_a_damaged_file_with_a_valid_checksum_is_refused_naming_it_and_the_field
 
 
 def test_a_later_file_missing_a_field_is_refused_naming_it(saved: Path) -> None:
-    name = damage(saved, 1, lambda p: p.pop("prev_logprobs"))
-    refused(saved, name, "prev_logprobs", "trajectory_0_w0_0.pt")
+    """A key of a dict field; a tensor field RLinf left out (``versions``...) loads with a presence mask
+    (tests/compat/test_rlinf.py)."""
+    name = damage(saved, 1, lambda p: p["curr_obs"].pop("state"))
+    refused(saved, name, "curr_obs.state", "trajectory_0_w0_0.pt")
 
 
 def test_a_folder_holding_only_a_wrongly_shaped_file_is_refused(saved: Path) -> None:
