@@ -1,13 +1,16 @@
 """rlinf 0.3.0's ``TrajectoryReplayBuffer``, loaded from its PyPI wheel at run time (never copied into the repo).
 
 ``rlinf/data/replay_buffer.py`` imports ``rlinf.data.embodied_io_struct.Trajectory`` (which pulls in much of
-RLinf) and ``rlinf.utils.logging.get_logger``; small stubs stand in for both: the stub's ``Trajectory`` is
-this library's dataclass, which has RLinf 0.3's field names and defaults. Used by
+RLinf) and ``rlinf.utils.logging.get_logger``; small stubs stand in for both: the stub's ``Trajectory``
+(:data:`RLINF_TRAJECTORY`, also the module's ``Trajectory``) is a dataclass of its own with RLinf 0.3's field
+names and defaults, not this library's class, so a benchmark that feeds it to both buffers also shows that ours
+takes RLinf's objects as they are. Used by
 ``benchmarks/trajectory_bench.py`` and the differential tests in ``tests/trajectory``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -46,14 +49,31 @@ def module_path(cache_dir: str = DEFAULT_CACHE, download: bool = True) -> Path:
     return target
 
 
+def _rlinf_trajectory() -> type:
+    """A dataclass named ``Trajectory`` with the fields and defaults of ours (RLinf 0.3's), sharing no code."""
+    from objectrl_buffer.trajectory import Trajectory
+
+    specs: list[tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(Trajectory):
+        if f.default is not dataclasses.MISSING:
+            specs.append((f.name, f.type, dataclasses.field(default=f.default)))
+        elif f.default_factory is not dataclasses.MISSING:
+            specs.append((f.name, f.type, dataclasses.field(default_factory=f.default_factory)))
+        else:
+            specs.append((f.name, f.type, dataclasses.field()))
+    return dataclasses.make_dataclass("Trajectory", specs)
+
+
+#: The stub's ``Trajectory``: what RLinf code hands a replay buffer (see the module docs).
+RLINF_TRAJECTORY: type = _rlinf_trajectory()
+
+
 def load(cache_dir: str = DEFAULT_CACHE, download: bool = True) -> Any:
     """rlinf 0.3.0's ``replay_buffer`` module (its ``TrajectoryReplayBuffer`` and ``TrajectoryCache``)."""
     name = "rlinf_upstream_replay_buffer"
     if name in sys.modules:
         return sys.modules[name]
     path = module_path(cache_dir, download)
-    from objectrl_buffer.trajectory import Trajectory
-
     stubs = {
         "rlinf": types.ModuleType("rlinf"),
         "rlinf.data": types.ModuleType("rlinf.data"),
@@ -61,7 +81,7 @@ def load(cache_dir: str = DEFAULT_CACHE, download: bool = True) -> Any:
         "rlinf.utils": types.ModuleType("rlinf.utils"),
         "rlinf.utils.logging": types.ModuleType("rlinf.utils.logging"),
     }
-    stubs["rlinf.data.embodied_io_struct"].Trajectory = Trajectory  # type: ignore[attr-defined]
+    stubs["rlinf.data.embodied_io_struct"].Trajectory = RLINF_TRAJECTORY  # type: ignore[attr-defined]
     stubs["rlinf.utils.logging"].get_logger = lambda: logging.getLogger("rlinf")  # type: ignore[attr-defined]
     logging.getLogger("rlinf").setLevel(logging.ERROR)
     saved = {key: sys.modules.get(key) for key in stubs}

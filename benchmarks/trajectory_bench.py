@@ -39,14 +39,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import rlinf_peer
-from objectrl_buffer.trajectory import Trajectory, TrajectoryReplayBuffer, merge_rank_folders
+from objectrl_buffer.trajectory import TrajectoryReplayBuffer, merge_rank_folders
 
 MERGE = "merge 4 rank folders (rlinf col: plain copy2)"
 KEEP_ALL = "add, no save, every trajectory kept (ours: window 0; rlinf: window = adds)"
 
 
-def make_pool(n: int, T: int, B: int, image: int, seed: int = 0) -> list[Trajectory]:
-    """``n`` distinct trajectories (cycled through by the adds)."""
+def make_pool(n: int, T: int, B: int, image: int, seed: int = 0) -> list[Any]:
+    """``n`` distinct trajectories (cycled through by the adds), as RLinf code makes them: objects of RLinf's
+    own ``Trajectory`` class (the peer's stand-in, not ours), which both buffers take as they are."""
     g = torch.Generator().manual_seed(seed)
     pool = []
     for i in range(n):
@@ -54,7 +55,7 @@ def make_pool(n: int, T: int, B: int, image: int, seed: int = 0) -> list[Traject
         if image:
             obs["image"] = torch.randint(0, 256, (T, B, 3, image, image), generator=g, dtype=torch.uint8)
         pool.append(
-            Trajectory(
+            rlinf_peer.RLINF_TRAJECTORY(
                 max_episode_length=T,
                 model_weights_id=f"w{i}_0",
                 actions=torch.randn(T, B, 7, generator=g),
@@ -128,7 +129,7 @@ def fsync_folder(folder: str) -> None:
         os.close(fd)
 
 
-def add_all(buffer: Any, adds: list[Trajectory]) -> None:
+def add_all(buffer: Any, adds: list[Any]) -> None:
     for trajectory in adds:
         buffer.add_trajectories([trajectory])
 
@@ -139,7 +140,7 @@ def sample_n(buffer: Any, calls: int) -> None:
 
 
 def one_round(
-    args: argparse.Namespace, upstream: Any, rounds: Rounds, adds: list[Trajectory], work: str, r: int
+    args: argparse.Namespace, upstream: Any, rounds: Rounds, adds: list[Any], work: str, r: int
 ) -> None:
     """Adds (without, then with saving) and samples (cache on, then off), ours and rlinf's."""
     n, calls, off = len(adds), args.sample_calls, args.sample_calls_off
