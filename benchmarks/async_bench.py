@@ -11,6 +11,14 @@ bookkeeping differs.
 * queue floor: ``asyncio.Queue`` per hop (producer -> amender -> actor_train, producer -> ref_logp), no ids,
   no birth order, no freeing: the least an asyncio pipeline can do
 
+A third table runs AReaL's pipeline shape (issue 26): 4 rollout writers put 16 sequences at a time (10,240 in
+all, lengths 16-512), a reward amender amends each put, 2 consumers read 64 at a time (``actor_train`` needs
+tokens and rewards, ``ref_inf`` tokens only); a writer that meets ``BufferFull`` yields to the loop and tries
+again, as AReaL's producers do. It runs through :class:`AsyncSequenceBuffer` and through a model of AReaL's
+own ``AsyncIOSequenceBuffer`` (``areal_upstream.py``; no wheel ships it) and reports the process CPU time of
+each and their ratio, at ``max_size`` 100,000 (writers never blocked) and 1,024 (writers meet ``BufferFull``
+often), plus how many puts were refused.
+
 A second table times each operation alone (a put of 64, an amend of 64, one get per consumer) per call.
 Sequences are generated once up front, so generation is not timed. The table gives the median over
 ``--rounds`` rounds and the spread (min-max).
@@ -19,6 +27,7 @@ Usage (from the repository root)::
 
     python benchmarks/async_bench.py                    # 3 x 20 batches of 64, 5 rounds
     python benchmarks/async_bench.py --batches 5 --rounds 2   # a quick run
+    python benchmarks/async_bench.py --areal-only --rounds 5  # only the AReaL pipeline against upstream's model
 """
 
 from __future__ import annotations
@@ -32,7 +41,10 @@ from typing import Any
 
 import torch
 
-from objectrl_buffer.async_buffer import AsyncSequenceBuffer, Consumer
+from areal_upstream import BufferFull as UpstreamFull
+from areal_upstream import Sample, UpstreamModel
+
+from objectrl_buffer.async_buffer import AsyncSequenceBuffer, BufferFull, Consumer
 
 BATCH = 64
 PRODUCERS = 3
@@ -158,13 +170,111 @@ def per_op(max_size: int, samples: list[list[dict[str, Any]]], calls: int) -> di
     return {k: v / calls * 1e6 for k, v in times.items()}
 
 
+AREAL_WRITERS, AREAL_PUT, AREAL_READ, AREAL_TOTAL = 4, 16, 64, 10_240
+AREAL_CONSUMERS = [
+    Consumer("actor_train", ("tokens", "rewards"), AREAL_READ),
+    Consumer("ref_inf", ("tokens",), AREAL_READ),
+]
+
+
+def areal_tokens(seed: int = 0) -> list[list[torch.Tensor]]:
+    """``[writer][i]`` token tensors (lengths 16-512), generated once, untimed."""
+    gen = torch.Generator().manual_seed(seed)
+    per = AREAL_TOTAL // AREAL_WRITERS
+    return [
+        [torch.randint(0, 32000, (int(n),), generator=gen) for n in torch.randint(16, 513, (per,), generator=gen)]
+        for _ in range(AREAL_WRITERS)
+    ]
+
+
+async def areal_pipeline(tokens: list[list[torch.Tensor]], max_size: int, upstream: bool) -> int:
+    """Run AReaL's pipeline shape once; return how many puts met ``BufferFull``."""
+    buf: Any = UpstreamModel(AREAL_CONSUMERS, max_size) if upstream else AsyncSequenceBuffer(AREAL_CONSUMERS, max_size)
+    full_error = UpstreamFull if upstream else BufferFull
+    to_amend: asyncio.Queue[tuple[Any, list[int]]] = asyncio.Queue()
+    refused = 0
+
+    def sample(i: int, t: torch.Tensor) -> Any:
+        return Sample([i], {"tokens": [[t.shape[0]]]}, {"tokens": t}) if upstream else {"ids": i, "tokens": t}
+
+    def reward(i: int) -> Any:
+        return Sample([i], {"rewards": [[1]]}, {"rewards": torch.ones(1)}) if upstream else {"ids": i, "rewards": torch.tensor(1.0)}
+
+    async def writer(w: int) -> None:
+        nonlocal refused
+        mine = tokens[w]
+        for start in range(0, len(mine), AREAL_PUT):
+            ids = [w * len(mine) + start + k for k in range(AREAL_PUT)]
+            batch = [sample(i, t) for i, t in zip(ids, mine[start : start + AREAL_PUT], strict=True)]
+            while True:
+                try:
+                    slots = await buf.put_batch(batch)
+                    break
+                except full_error:
+                    refused += 1
+                    await asyncio.sleep(0)  # let the readers free slots, then try again
+            await to_amend.put((slots, ids))
+
+    async def amender() -> None:
+        for _ in range(AREAL_TOTAL // AREAL_PUT):
+            slots, ids = await to_amend.get()
+            await buf.amend_batch(slots, [reward(i) for i in ids])
+
+    async def consumer(c: Consumer) -> None:
+        for _ in range(AREAL_TOTAL // AREAL_READ):
+            await (buf.get_batch_for_rpc(c) if upstream else buf.get_batch(c))
+
+    await asyncio.gather(*(writer(w) for w in range(AREAL_WRITERS)), amender(), *map(consumer, AREAL_CONSUMERS))
+    assert buf.size == 0
+    return refused
+
+
+def areal_cpu(tokens: list[list[torch.Tensor]], max_size: int, upstream: bool) -> tuple[float, int]:
+    start = time.process_time()
+    refused = asyncio.run(areal_pipeline(tokens, max_size, upstream))
+    return time.process_time() - start, refused
+
+
+def areal_table(sizes: list[int], n_rounds: int) -> None:
+    tokens = areal_tokens()
+    print(
+        f"\nAReaL's pipeline shape: {AREAL_WRITERS} writers x {AREAL_TOTAL // AREAL_WRITERS} sequences "
+        f"(puts of {AREAL_PUT}, retried on BufferFull), 1 reward amender, 2 consumers reading {AREAL_READ}; "
+        f"process CPU time, median of {n_rounds} rounds (rounds interleaved)\n"
+    )
+    print("| max_size | AReaL model (s) | ours (s) | ours / AReaL | refused puts (AReaL, ours) |")
+    print("|---|---|---|---|---|")
+    for size in sizes:
+        areal_cpu(tokens, size, True), areal_cpu(tokens, size, False)  # warm-up
+        theirs, ours, ratios, refused = [], [], [], ([], [])
+        for _ in range(n_rounds):
+            t, r_t = areal_cpu(tokens, size, True)
+            o, r_o = areal_cpu(tokens, size, False)
+            theirs.append(t)
+            ours.append(o)
+            ratios.append(o / t)
+            refused[0].append(r_t)
+            refused[1].append(r_o)
+        print(
+            f"| {size:,} | {statistics.median(theirs):.3f} | {statistics.median(ours):.3f} | "
+            f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
+            f"{statistics.median(refused[0]):.0f}, {statistics.median(refused[1]):.0f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, default=20, help="batches of 64 per producer")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sizes", default="1000,100000", help="max_size values of the buffer")
+    parser.add_argument("--areal-sizes", default="100000,1024", help="max_size values of the AReaL pipeline")
+    parser.add_argument("--areal-only", action="store_true", help="only the AReaL pipeline table")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    areal_sizes = [int(s) for s in args.areal_sizes.split(",")]
+    if args.areal_only:
+        areal_table(areal_sizes, args.rounds)
+        return
     samples = make_samples(args.batches)
     sizes = [int(s) for s in args.sizes.split(",")]
     floor = rounds(lambda: pipeline_rate(samples, None), args.rounds)
@@ -186,6 +296,7 @@ def main() -> None:
     ops = [per_op(size, samples[0], max(20, args.batches * 2)) for size in sizes]
     for key in ops[0]:
         print(f"| {key} | " + " | ".join(f"{o[key]:.0f}" for o in ops) + " |")
+    areal_table(areal_sizes, args.rounds)
 
 
 if __name__ == "__main__":

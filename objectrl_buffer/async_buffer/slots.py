@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from collections.abc import Hashable
+
+from typing import Any
 
 import torch
 
@@ -17,7 +20,7 @@ from objectrl_buffer.errors import InconsistentStateError
 
 __all__ = ["SlotTable", "EMPTY_ID", "require"]
 
-#: The id an empty slot holds.
+#: The int id no entry may have (it marked an empty slot in files of format 1; int ids stay int64 tensors).
 EMPTY_ID = -1
 
 
@@ -30,14 +33,15 @@ def require(ok: bool, problem: str) -> None:
 class SlotTable:
     """The state of ``max_size`` slots read by ``n_consumers`` consumers, ``n_tracked`` readiness keys each.
 
-    Tensors (CPU): ``occupied [m]`` bool, ``ids [m]`` int64 (``EMPTY_ID`` when empty), ``birth [m]`` int64,
-    ``has [m, n_tracked]``, ``ready [m, n_consumers]`` and ``read [m, n_consumers]`` bool.
+    Tensors (CPU): ``occupied [m]`` bool, ``birth [m]`` int64, ``has [m, n_tracked]``, ``ready [m, n_consumers]``
+    and ``read [m, n_consumers]`` bool. Per slot in Python lists: its entry's id (``None`` when empty; any
+    hashable) and payload.
     """
 
     def __init__(self, max_size: int, n_consumers: int, n_tracked: int) -> None:
         m, c = max_size, n_consumers
         self.occupied = torch.zeros(m, dtype=torch.bool)
-        self.ids = torch.full((m,), EMPTY_ID, dtype=torch.int64)
+        self.ids: list[Hashable | None] = [None] * m
         self.birth = torch.zeros(m, dtype=torch.int64)
         self.has = torch.zeros(m, n_tracked, dtype=torch.bool)
         self.ready = torch.zeros(m, c, dtype=torch.bool)
@@ -46,14 +50,14 @@ class SlotTable:
         # Both change by the batch of each operation, so no operation scans max_size rows.
         self.candidates: list[set[int]] = [set() for _ in range(c)]
         self.free_slots = list(range(m))  # sorted, hence a heap
-        self.payload: list[dict[str, torch.Tensor] | None] = [None] * m
-        self.slot_of: dict[int, int] = {}
+        self.payload: list[dict[str, Any] | None] = [None] * m
+        self.slot_of: dict[Hashable, int] = {}
         self.size = 0
         self.last_birth = 0
-        self.consumed: list[int] = []
+        self.consumed: list[Hashable] = []
         # How often each id was put: an id consumed and then put again (AReaL puts the same ids every
         # epoch) is a new entry, so an id may be consumed once per put, not once in all.
-        self.puts: Counter[int] = Counter()
+        self.puts: Counter[Hashable] = Counter()
 
     def add_candidates(self, slots: list[int], ready: torch.Tensor) -> None:
         """Add ``slots[i]`` to consumer ``c``'s candidates where ``ready[i, c]``."""
@@ -78,21 +82,24 @@ class SlotTable:
         order = torch.sort(births[by_slot], stable=True).indices[:n]  # stable: ties go by slot
         return candidates[order]
 
-    def free(self, slots: torch.Tensor) -> None:
-        """Empty ``slots`` (int64 ``[k]``, occupied) and add their ids to the consumed list."""
-        ids = self.ids[slots].tolist()
-        for slot, sample_id in zip(slots.tolist(), ids, strict=True):
+    def free(self, slots: torch.Tensor) -> list[Hashable]:
+        """Empty ``slots`` (int64 ``[k]``, occupied), add their ids to the consumed list and return those ids."""
+        ids = []
+        for slot in slots.tolist():
+            sample_id = self.ids[slot]
+            ids.append(sample_id)
+            self.ids[slot] = None
             self.payload[slot] = None
             del self.slot_of[sample_id]
             heapq.heappush(self.free_slots, slot)
         self.consumed.extend(ids)
         self.occupied[slots] = False
-        self.ids[slots] = EMPTY_ID
         self.birth[slots] = 0
         self.has[slots] = False
         self.ready[slots] = False
         self.read[slots] = False
         self.size -= slots.numel()
+        return ids
 
     def check(self, names: list[str]) -> None:
         """Check the table's pieces against each other (``names``: the consumers, in column order).
@@ -106,7 +113,7 @@ class SlotTable:
         held = [s for s, p in enumerate(self.payload) if p is not None]
         require(held == occ.nonzero().squeeze(1).tolist(), "payloads held do not match the occupied slots")
         empty = ~occ
-        require(bool((self.ids[empty] == EMPTY_ID).all()), "an empty slot keeps an id")
+        require(all(self.ids[s] is None for s in empty.nonzero().squeeze(1).tolist()), "an empty slot keeps an id")
         require(
             not bool(self.has[empty].any() | self.ready[empty].any() | self.read[empty].any()),
             "an empty slot keeps key, ready or read bits",
@@ -123,7 +130,7 @@ class SlotTable:
             "the free slots are not a heap",
         )
         for sample_id, slot in self.slot_of.items():
-            require(bool(occ[slot]) and int(self.ids[slot]) == sample_id, f"id {sample_id} indexed at slot {slot}")
+            require(bool(occ[slot]) and self.ids[slot] == sample_id, f"id {sample_id!r} indexed at slot {slot}")
         stored = Counter(self.slot_of.keys())  # keys: a mapping would give its values as counts
         require(
             Counter(self.consumed) + stored == self.puts,
