@@ -187,25 +187,39 @@ def areal_tokens(seed: int = 0) -> list[list[torch.Tensor]]:
     ]
 
 
-async def areal_pipeline(tokens: list[list[torch.Tensor]], max_size: int, upstream: bool) -> int:
-    """Run AReaL's pipeline shape once; return how many puts met ``BufferFull``."""
+def sample(i: int, t: torch.Tensor, upstream: bool) -> Any:
+    return Sample([i], {"tokens": [[t.shape[0]]]}, {"tokens": t}) if upstream else {"ids": i, "tokens": t}
+
+
+def reward(i: int, upstream: bool) -> Any:
+    r = torch.ones(1)
+    return Sample([i], {"rewards": [[1]]}, {"rewards": r}) if upstream else {"ids": i, "rewards": r[0]}
+
+
+def areal_inputs(tokens: list[list[torch.Tensor]], upstream: bool) -> tuple[list[list[Any]], list[list[Any]]]:
+    """``[writer][i]`` samples and the rewards the amender adds to them, built untimed (like the tokens)."""
+    per = len(tokens[0])
+    writers = [[sample(w * per + i, t, upstream) for i, t in enumerate(mine)] for w, mine in enumerate(tokens)]
+    rewards = [[reward(w * per + i, upstream) for i in range(per)] for w in range(len(tokens))]
+    return writers, rewards
+
+
+async def areal_pipeline(inputs: tuple[list[list[Any]], list[list[Any]]], max_size: int, upstream: bool) -> int:
+    """Run AReaL's pipeline shape once; return how many puts met ``BufferFull``.
+
+    ``inputs`` (from :func:`areal_inputs`) are built before the timing starts, as the tokens are."""
     buf: Any = UpstreamModel(AREAL_CONSUMERS, max_size) if upstream else AsyncSequenceBuffer(AREAL_CONSUMERS, max_size)
     full_error = UpstreamFull if upstream else BufferFull
-    to_amend: asyncio.Queue[tuple[Any, list[int]]] = asyncio.Queue()
+    to_amend: asyncio.Queue[tuple[Any, list[Any]]] = asyncio.Queue()
     refused = 0
+    writers, rewards = inputs
+    per = len(writers[0])
 
-    def sample(i: int, t: torch.Tensor) -> Any:
-        return Sample([i], {"tokens": [[t.shape[0]]]}, {"tokens": t}) if upstream else {"ids": i, "tokens": t}
-
-    def reward(i: int) -> Any:
-        return Sample([i], {"rewards": [[1]]}, {"rewards": torch.ones(1)}) if upstream else {"ids": i, "rewards": torch.tensor(1.0)}
 
     async def writer(w: int) -> None:
         nonlocal refused
-        mine = tokens[w]
-        for start in range(0, len(mine), AREAL_PUT):
-            ids = [w * len(mine) + start + k for k in range(AREAL_PUT)]
-            batch = [sample(i, t) for i, t in zip(ids, mine[start : start + AREAL_PUT], strict=True)]
+        for start in range(0, per, AREAL_PUT):
+            batch = writers[w][start : start + AREAL_PUT]
             while True:
                 try:
                     slots = await buf.put_batch(batch)
@@ -213,12 +227,12 @@ async def areal_pipeline(tokens: list[list[torch.Tensor]], max_size: int, upstre
                 except full_error:
                     refused += 1
                     await asyncio.sleep(0)  # let the readers free slots, then try again
-            await to_amend.put((slots, ids))
+            await to_amend.put((slots, rewards[w][start : start + AREAL_PUT]))
 
     async def amender() -> None:
         for _ in range(AREAL_TOTAL // AREAL_PUT):
-            slots, ids = await to_amend.get()
-            await buf.amend_batch(slots, [reward(i) for i in ids])
+            slots, amends = await to_amend.get()
+            await buf.amend_batch(slots, amends)
 
     async def consumer(c: Consumer) -> None:
         for _ in range(AREAL_TOTAL // AREAL_READ):
@@ -230,8 +244,9 @@ async def areal_pipeline(tokens: list[list[torch.Tensor]], max_size: int, upstre
 
 
 def areal_cpu(tokens: list[list[torch.Tensor]], max_size: int, upstream: bool) -> tuple[float, int]:
+    inputs = areal_inputs(tokens, upstream)
     start = time.process_time()
-    refused = asyncio.run(areal_pipeline(tokens, max_size, upstream))
+    refused = asyncio.run(areal_pipeline(inputs, max_size, upstream))
     return time.process_time() - start, refused
 
 

@@ -6,7 +6,7 @@ Each function either returns the normalised argument or raises naming it, before
 from __future__ import annotations
 
 import time
-from collections.abc import Container, Hashable
+from collections.abc import Container, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -106,13 +106,24 @@ def check_new_ids(ids: list[Hashable], stored: Container[Hashable], int_ids: boo
     return kind
 
 
-def amend_slots(indices: Any, occupied: torch.Tensor) -> torch.Tensor:
-    """``indices`` of an amend as int64 ``[k]`` CPU slots, each occupied (``occupied``: bool ``[max_size]``).
+def amend_slots(indices: Any, occupied: torch.Tensor, held: Sequence[object] | None = None) -> torch.Tensor:
+    """``indices`` of an amend as int64 ``[k]`` CPU slots, each occupied (``occupied``: bool ``[max_size]``;
+    ``held``, when given: each slot's id, ``None`` when empty, the same in Python, for the common case).
 
     Raises:
         SlotIndexError: a slot out of range or empty. InvalidArgumentError: not 1-D integers, or a slot twice.
     """
     max_size = occupied.numel()
+    if isinstance(indices, torch.Tensor) and indices.dim() == 1 and indices.dtype == torch.int64 and indices.numel():
+        listed = indices.tolist()  # the common case (the slots a put returned): checked in Python, no torch ops
+        if (
+            held is not None
+            and min(listed) >= 0
+            and max(listed) < max_size
+            and len(set(listed)) == len(listed)
+            and all(held[s] is not None for s in listed)
+        ):
+            return indices.cpu()
     try:
         slots = torch.as_tensor(indices)
     except (TypeError, ValueError, RuntimeError):

@@ -101,6 +101,7 @@ class AsyncSequenceBuffer:
         ).reshape(len(self._consumers), len(self._tracked))
         self._by_name = {c.name: i for i, c in enumerate(self._consumers)}
         self._schema: dict[str, KeySpec] = {}
+        self._rows: dict[tuple[bool, ...], torch.Tensor] = {}  # presence row per key set (see _presence)
         self._binding = LoopBinding()
         self._clear()
 
@@ -151,8 +152,13 @@ class AsyncSequenceBuffer:
     # ------------------------------------------------------------------ put
     def _presence(self, payloads: list[dict[str, Value]], same_keys: bool) -> torch.Tensor:
         """``[n, n_tracked]`` bool: which readiness keys each sample holds."""
-        if same_keys and payloads:
-            row = torch.tensor([k in payloads[0] for k in self._tracked], dtype=torch.bool)
+        if not payloads:
+            return torch.zeros(0, len(self._tracked), dtype=torch.bool)
+        first = tuple(k in payloads[0] for k in self._tracked)
+        if same_keys or all(tuple(k in p for k in self._tracked) == first for p in payloads):
+            row = self._rows.get(first)
+            if row is None:  # few key sets ever occur: one small tensor each, built once
+                row = self._rows[first] = torch.tensor(first, dtype=torch.bool).reshape(len(self._tracked))
             return row.expand(len(payloads), -1)
         rows = [[k in p for k in self._tracked] for p in payloads]
         return torch.tensor(rows, dtype=torch.bool).reshape(len(payloads), len(self._tracked))
@@ -266,7 +272,7 @@ class AsyncSequenceBuffer:
 
     # ------------------------------------------------------------------ amend
     def _amend(self, indices: Any, samples: Any) -> None:
-        slots = amend_slots(indices, self._t.occupied)
+        slots = amend_slots(indices, self._t.occupied, self._t.ids)
         parsed = parse_samples(samples, self.storing_device)
         if len(parsed.ids) != slots.numel():
             raise InvalidArgumentError(f"amend_batch: {slots.numel()} indices but {len(parsed.ids)} samples")
@@ -351,28 +357,29 @@ class AsyncSequenceBuffer:
                     {"message": "AsyncSequenceBuffer: the on_free callback raised", "exception": exc}
                 )
 
-    async def wait_freed(self, sample_id: Hashable) -> None:
-        """Wait until the entry now stored under ``sample_id`` is freed (read by every consumer).
+    def wait_freed(self, sample_id: Hashable) -> asyncio.Future[None]:
+        """A future, done once the entry now stored under ``sample_id`` is freed (read by every consumer).
 
-        A later put of the same id is a new entry: this returns when the current one is gone.
+        It is registered at once (call it right after the put, from code on the buffer's loop) and done on
+        that loop; ``await buf.wait_freed(i)``. A later put of the same id is a new entry: the future is done
+        when the current one is gone. Cancelling it changes nothing in the buffer.
 
         Raises:
             InvalidArgumentError: no entry holds ``sample_id`` now (never put, or already freed).
-            ConcurrentUseError: the buffer is bound to another event loop (see the class docstring).
+            RuntimeError: no event loop is running in this thread.
+            ConcurrentUseError: called from a thread other than the one running the buffer's loop.
         """
-        cond = self._binding.enter("wait_freed")
+        self._binding.check_thread("wait_freed")
+        loop = asyncio.get_running_loop()
         try:
-            try:
-                stored = sample_id in self._t.slot_of
-            except TypeError:
-                stored = False
-            if not stored:
-                raise InvalidArgumentError(f"wait_freed: no entry holds id {sample_id!r} (never put, or already freed)")
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.setdefault(sample_id, []).append(future)
-            await future
-        finally:
-            self._binding.leave(cond)
+            stored = sample_id in self._t.slot_of
+        except TypeError:
+            stored = False
+        if not stored:
+            raise InvalidArgumentError(f"wait_freed: no entry holds id {sample_id!r} (never put, or already freed)")
+        future: asyncio.Future[None] = loop.create_future()
+        self._waiters.setdefault(sample_id, []).append(future)
+        return future
 
     async def get_batch(self, consumer: Any) -> tuple[torch.Tensor, TensorDict]:
         """Wait for ``n_seqs`` entries holding ``consumer``'s keys and unread by it; return the oldest.

@@ -179,6 +179,15 @@ def parse_samples(samples: Any, device: torch.device) -> Parsed:
     ids: list[Hashable] = []
     payloads: list[dict[str, Value]] = []
     for i, sample in enumerate(samples):
+        if type(sample) is dict and IDS in sample:  # the common case: no message strings, no ABC checks
+            try:
+                payload = {k: _tensor(v, k, "", device) for k, v in sample.items() if k != IDS}
+                ids.append(_as_id(sample[IDS], ""))
+            except (InvalidArgumentError, SchemaError):
+                pass  # redone below, for a message that names the sample
+            else:
+                payloads.append(payload)
+                continue
         where = f"samples[{i}]"
         if not isinstance(sample, (Mapping, TensorDictBase)):
             raise InvalidArgumentError(f"{where} must be a mapping of key -> tensor, got {type(sample).__name__}")
