@@ -86,7 +86,7 @@ class UpstreamModel:
         return self._size
 
     def _update_readiness(self, idx: np.ndarray) -> None:
-        for j, i in enumerate(idx):
+        for i in idx:
             entry = self._entries[i]
             assert entry is not None
             self._has_keys[i] = [k in entry.sample.keys for k in self.keys]
@@ -120,9 +120,7 @@ class UpstreamModel:
     async def amend_batch(self, indices: np.ndarray, samples: list[Sample]) -> None:
         indices = np.asarray(indices)
         async with self._cond:
-            await self._cond.wait_for(
-                lambda: bool((self._is_idle[indices] | self._is_being_amended[indices]).all())
-            )
+            await self._cond.wait_for(lambda: bool((self._is_idle[indices] | self._is_being_amended[indices]).all()))
             self._is_idle[indices] = False
             self._is_being_amended[indices] = True
             self._n_amenders[indices] += 1
@@ -139,9 +137,7 @@ class UpstreamModel:
             self._cond.notify(len(self.rpcs))
 
     def _can_read(self, r: int) -> np.ndarray:
-        return (
-            (self._is_idle | self._is_being_read) & self._ready_for_rpcs[:, r] & ~self._completed_rpc[:, r]
-        )
+        return (self._is_idle | self._is_being_read) & self._ready_for_rpcs[:, r] & ~self._completed_rpc[:, r]
 
     async def get_batch_for_rpc(self, rpc: Any) -> tuple[np.ndarray, Sample]:
         r = [x.name for x in self.rpcs].index(rpc.name)

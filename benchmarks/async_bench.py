@@ -40,7 +40,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
 from areal_upstream import BufferFull as UpstreamFull
 from areal_upstream import Sample, UpstreamModel
 
@@ -214,7 +213,6 @@ async def areal_pipeline(inputs: tuple[list[list[Any]], list[list[Any]]], max_si
     refused = 0
     writers, rewards = inputs
     per = len(writers[0])
-
 
     async def writer(w: int) -> None:
         nonlocal refused

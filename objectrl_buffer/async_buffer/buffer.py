@@ -333,7 +333,7 @@ class AsyncSequenceBuffer:
         consumer = self._consumers[c]
         slots = self._t.oldest(c, consumer.n_seqs)
         slot_list = slots.tolist()
-        payloads: list[dict[str, Value]] = [self._t.payload[s] for s in slot_list]  # type: ignore[misc]
+        payloads: list[dict[str, Value]] = [self._t.payload[s] for s in slot_list]
         ids = [self._t.ids[s] for s in slot_list]
         batch = gather(ids, payloads, consumer.input_keys, self._schema, self.device, self._int_ids is not False)
         self._t.read[slots, c] = True

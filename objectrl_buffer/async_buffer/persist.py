@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from objectrl_buffer.async_buffer.consumer import IDS
-from objectrl_buffer.async_buffer.samples import KeySpec, Value
+from objectrl_buffer.async_buffer.samples import KeySpec, Kind, Value
 from objectrl_buffer.async_buffer.sequences import Sequences
 from objectrl_buffer.checkpoint.io import atomic_write, open_regular, readinto_exact
 from objectrl_buffer.errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
@@ -36,6 +36,7 @@ MAGIC = b"objectrl_buffer async_buffer\n"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<QI")  # header length, header crc32
 _MAX_HEADER = 64 << 20
+_KINDS: dict[str, Kind] = {"tensor": "tensor", "sequences": "sequences", "lengths": "lengths"}
 
 
 def pack(
@@ -66,9 +67,7 @@ def pack(
     else:
         bad = [i for i in [*ids, *consumed] if type(i) is not str]
         if bad:
-            raise InvalidArgumentError(
-                f"save: ids {bad[:5]!r} cannot be saved: a checkpoint holds int or str ids only"
-            )
+            raise InvalidArgumentError(f"save: ids {bad[:5]!r} cannot be saved: a checkpoint holds int or str ids only")
         id_lists = {"ids": ids, "consumed": consumed}
     for i, key in enumerate(keys):
         spec = schema[key]
@@ -193,7 +192,7 @@ def _schema(raw: Any) -> dict[str, KeySpec]:
         ok = isinstance(item, list) and len(item) in (4, 5) and isinstance(item[0], str) and isinstance(item[1], str)
         _require(ok and isinstance(item[2], int) and isinstance(item[3], list), f"header key entry {item!r}")
         kind = item[4] if len(item) == 5 else "tensor"
-        _require(kind in ("tensor", "sequences", "lengths"), f"key '{item[0]}' has an unknown kind {kind!r}")
+        _require(kind in _KINDS, f"key '{item[0]}' has an unknown kind {kind!r}")
         dtype = getattr(torch, item[1], None)
         _require(isinstance(dtype, torch.dtype), f"key '{item[0]}' has an unknown dtype {item[1]!r}")
         trailing = tuple(item[3])
@@ -204,7 +203,7 @@ def _schema(raw: Any) -> dict[str, KeySpec]:
             f"key '{item[0]}' has a bad shape {item[2:]}",
         )
         assert isinstance(dtype, torch.dtype)
-        schema[item[0]] = KeySpec(dtype, item[2], trailing, kind)
+        schema[item[0]] = KeySpec(dtype, item[2], trailing, _KINDS[kind])
     _require(IDS not in schema, "'ids' is stored as a key")
     return schema
 

@@ -85,7 +85,7 @@ def _as_id(value: Any, where: str) -> Hashable:
         except TypeError:
             pass
         else:
-            return value  # type: ignore[no-any-return]
+            return value
     raise InvalidArgumentError(
         f"{where}: 'ids' must be an integer or another hashable such as a str (not a bool, float or None), "
         f"got {value!r}"
@@ -159,7 +159,8 @@ def parse_samples(samples: Any, device: torch.device) -> Parsed:
                 values = listed if isinstance(listed, list) and len(listed) == n else [listed] * n
                 ids = [_as_id(v, f"samples[{i}]") for i, v in enumerate(values)]
                 columns = {k: _split_column(samples.get(k), k, n, device) for k in keys if k != IDS}
-                return Parsed(ids, [{k: parts[i] for k, parts in columns.items()} for i in range(n)], True)
+                by_sample: list[dict[str, Value]] = [{k: parts[i] for k, parts in columns.items()} for i in range(n)]
+                return Parsed(ids, by_sample, True)
             if raw.dim() == 2 and raw.shape[1] == 1:
                 raw = raw[:, 0]
             problem = without_data(raw)
@@ -170,13 +171,13 @@ def parse_samples(samples: Any, device: torch.device) -> Parsed:
                 )
             ids = raw.tolist()
         columns = {k: _split_column(samples.get(k), k, n, device) for k in keys if k != IDS}
-        payloads = [{k: parts[i] for k, parts in columns.items()} for i in range(n)]
-        return Parsed(ids, payloads, True)
+        td_payloads: list[dict[str, Value]] = [{k: parts[i] for k, parts in columns.items()} for i in range(n)]
+        return Parsed(ids, td_payloads, True)
     if isinstance(samples, (str, bytes, Mapping)) or not isinstance(samples, Sequence):
         raise InvalidArgumentError(
             f"samples must be a list of mappings or a TensorDict of batch size [n], got {type(samples).__name__}"
         )
-    ids: list[Hashable] = []
+    ids = []
     payloads: list[dict[str, Value]] = []
     for i, sample in enumerate(samples):
         if type(sample) is dict and IDS in sample:  # the common case: no message strings, no ABC checks

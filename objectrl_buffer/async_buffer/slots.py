@@ -11,7 +11,6 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Hashable
-
 from typing import Any
 
 import torch

@@ -48,7 +48,9 @@ class SequenceSample:
     def __post_init__(self) -> None:
         self.keys = set(self.keys)
         if set(self.seqlens) != self.keys:
-            raise InvalidArgumentError(f"SequenceSample: seqlens keys {sorted(self.seqlens)} differ from keys {sorted(self.keys)}")
+            raise InvalidArgumentError(
+                f"SequenceSample: seqlens keys {sorted(self.seqlens)} differ from keys {sorted(self.keys)}"
+            )
         for key in self.keys:
             value = (self.data or {}).get(key)
             self.trailing_shapes.setdefault(key, tuple(value.shape[1:]) if value is not None else None)
@@ -92,7 +94,11 @@ class SequenceSample:
                     starts = [sum(sum(x) for x in self.seqlens[key][:j]) for j in (i, i + 1)]
                     data[key] = None if value is None else value[starts[0] : starts[1]]
             seqlens = {k: [list(v[i])] for k, v in self.seqlens.items()}
-            out.append(SequenceSample(set(self.keys), [sample_id], seqlens, dict(self.trailing_shapes), dict(self.dtypes), data))
+            out.append(
+                SequenceSample(
+                    set(self.keys), [sample_id], seqlens, dict(self.trailing_shapes), dict(self.dtypes), data
+                )
+            )
         return out
 
     @staticmethod
@@ -145,7 +151,8 @@ def _from_batch(batch: TensorDict, keys: Sequence[str]) -> SequenceSample:
 
 
 class AsyncIOSequenceBuffer:
-    """AReaL's ``AsyncIOSequenceBuffer(rpcs, max_size)`` over :class:`~objectrl_buffer.async_buffer.AsyncSequenceBuffer`.
+    """AReaL's ``AsyncIOSequenceBuffer(rpcs, max_size)`` over
+    :class:`~objectrl_buffer.async_buffer.AsyncSequenceBuffer`.
 
     ``rpcs``: AReaL's ``MFCDef`` s (``name``, ``input_keys``, ``n_seqs``). ``on_free`` (ours): called with the
     ids of the entries a read freed. ``native`` is the buffer underneath.

@@ -29,7 +29,7 @@ def test_metadata_only_entries_are_tracked_by_their_lengths() -> None:
         )
         assert buf.ready("ref_inf") == 2 and buf.ready("actor_train") == 0
         _, ref = await bounded(buf.get_batch("ref_inf"))
-        assert "packed_input_ids" not in ref.keys()  # no data: only the lengths come back
+        assert "packed_input_ids" not in ref.keys()  # noqa: SIM118  no data: only the lengths come back
         assert [t.tolist() for t in ref["seqlens", "packed_input_ids"].unbind()] == [[2, 3, 4], [5]]
         await buf.amend_batch(slots, [{"ids": f"p{i}", "rewards": Sequences([1] * n)} for i, n in enumerate((3, 1))])
         _, train = await bounded(buf.get_batch("actor_train"))
@@ -48,7 +48,11 @@ def test_several_sequences_per_key_come_back_with_their_lengths() -> None:
     async def go() -> None:
         await buf.put_batch(
             [
-                {"ids": 0, "packed_input_ids": Sequences([2, 3, 4], tokens[0]), "rewards": Sequences([1, 1, 1], torch.ones(3))},
+                {
+                    "ids": 0,
+                    "packed_input_ids": Sequences([2, 3, 4], tokens[0]),
+                    "rewards": Sequences([1, 1, 1], torch.ones(3)),
+                },
                 {"ids": 1, "packed_input_ids": Sequences([4], tokens[1]), "rewards": Sequences([1], torch.zeros(1))},
             ]
         )
@@ -66,7 +70,9 @@ def test_several_sequences_per_key_come_back_with_their_lengths() -> None:
     assert again.ready("ref_inf") == 3
 
     async def after() -> None:
-        await again.put_batch([{"ids": 3, "packed_input_ids": Sequences([2], torch.arange(2)), "rewards": Sequences([1], torch.ones(1))}])
+        await again.put_batch(
+            [{"ids": 3, "packed_input_ids": Sequences([2], torch.arange(2)), "rewards": Sequences([1], torch.ones(1))}]
+        )
         _, batch = await bounded(again.get_batch("ref_inf"))
         assert [t.tolist() for t in batch["seqlens", "packed_input_ids"].unbind()] == [[2, 3, 4], [4]]
         _, batch = await bounded(again.get_batch("ref_inf"))  # the nested tensor's sequences, then id 3
@@ -79,7 +85,10 @@ def test_several_sequences_per_key_come_back_with_their_lengths() -> None:
 @pytest.mark.parametrize(
     "bad, match",
     [
-        ({"ids": 5, "packed_input_ids": torch.arange(3)}, "Sequences"),  # the key holds Sequences: one tensor is refused
+        (
+            {"ids": 5, "packed_input_ids": torch.arange(3)},
+            "Sequences",
+        ),  # the key holds Sequences: one tensor is refused
         ({"ids": 5, "packed_input_ids": Sequences([2], torch.arange(2.0))}, "int64"),
         ({"ids": 5, "packed_input_ids": Sequences([2])}, "lengths only"),  # data where data was stored
         ({"ids": 5, "packed_input_ids": Sequences([1], torch.arange(1)), "seqlens": torch.ones(1)}, "reserved"),
@@ -129,7 +138,13 @@ def test_str_ids_are_native_and_survive_save_and_load(tmp_path: Path) -> None:
 
 def test_a_caller_learns_when_an_entry_is_freed() -> None:
     freed: list[list[Hashable]] = []
-    buf = AsyncSequenceBuffer(_rpcs(), 8, on_free=freed.append)
+
+    def on_free(ids: list[Hashable]) -> None:
+        if ids[0] == "t0":
+            raise ZeroDivisionError("a callback with a bug")
+        freed.append(ids)
+
+    buf = AsyncSequenceBuffer(_rpcs(), 8, on_free=on_free)
 
     async def go() -> None:
         slots = await buf.put_batch([{"ids": f"s{i}", "packed_input_ids": torch.arange(2)} for i in range(2)])
@@ -145,8 +160,9 @@ def test_a_caller_learns_when_an_entry_is_freed() -> None:
         # a callback that raises: the entries are freed and the batch returned; the loop's handler hears it
         seen: list[dict[str, Any]] = []
         asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: seen.append(ctx))
-        buf._on_free = lambda ids: 1 / 0
-        await buf.put_batch([{"ids": f"t{i}", "packed_input_ids": torch.arange(2), "rewards": torch.tensor(0.0)} for i in range(2)])
+        await buf.put_batch(
+            [{"ids": f"t{i}", "packed_input_ids": torch.arange(2), "rewards": torch.tensor(0.0)} for i in range(2)]
+        )
         await bounded(buf.get_batch("ref_inf"))
         _, batch = await bounded(buf.get_batch("actor_train"))
         assert batch["ids"] == ["t0", "t1"] and buf.size == 0

@@ -73,11 +73,16 @@ def test_samples_with_data_come_back_packed() -> None:
     buf = AsyncIOSequenceBuffer(RPCS, max_size=8)
     tokens = {f"p{i}": torch.arange(9) + 10 * i for i in range(4)}
     whole = SequenceSample(
-        {"packed_input_ids"}, list(tokens), {"packed_input_ids": [GROUP] * 4}, data={"packed_input_ids": torch.cat(list(tokens.values()))}
+        {"packed_input_ids"},
+        list(tokens),
+        {"packed_input_ids": [GROUP] * 4},
+        data={"packed_input_ids": torch.cat(list(tokens.values()))},
     )
     idx = buf.put_batch_synced(whole.unpack())
     assert buf.size == 4 and buf.n_rpcs == 2 and buf.max_size == 8
-    samples = [SequenceSample.from_default([p], [1], {"rewards": torch.tensor([float(i)])}) for i, p in enumerate(tokens)]
+    samples = [
+        SequenceSample.from_default([p], [1], {"rewards": torch.tensor([float(i)])}) for i, p in enumerate(tokens)
+    ]
 
     async def go() -> None:
         await buf.amend_batch(idx, samples)
