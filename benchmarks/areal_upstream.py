@@ -174,3 +174,59 @@ class UpstreamModel:
                 self._size -= len(p)
             self._cond.notify(len(self.rpcs))
         return idx, Sample.gather(entries, tuple(rpc.input_keys))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# AReaL's own code, when the user has it: ``--areal-source DIR`` (a checkout holding realhf/system/buffer.py
+# and realhf/api/core/data_api.py, e.g. AReaL before January 2026). Loaded by file path with small stubs for
+# the rest of realhf (and transformers, which the buffer never calls); needs pydantic. Nothing of AReaL is
+# kept in this repository.
+
+
+def load_real(source: str) -> tuple[Any, Any, type[Exception]]:
+    """``(AsyncIOSequenceBuffer, SequenceSample, BufferFull)`` from AReaL's own files under ``source``."""
+    import importlib.util
+    import logging as std_logging
+    import os
+    import sys
+    import types
+
+    def stub(name: str, **attrs: Any) -> types.ModuleType:
+        module = sys.modules.get(name) or types.ModuleType(name)
+        module.__dict__.update(attrs)
+        module.__path__ = []  # a package, so submodules import
+        sys.modules[name] = module
+        return module
+
+    class _Anything:
+        def __getattr__(self, name: str) -> Any:
+            return object
+
+    anything = _Anything()
+    stub("transformers", __getattr__=lambda name: object)
+    for name in ("realhf", "realhf.api", "realhf.api.core", "realhf.base", "realhf.system"):
+        stub(name)
+    stub("realhf.api.cli_args", MicroBatchSpec=object)
+    stub("realhf.api.core.config", __getattr__=lambda name: object)
+    stub("realhf.api.core.dfg", MFCDef=object)
+    stub("realhf.utils", load_hf_or_local_file=lambda path: path)
+    stub("realhf.base.logging", getLogger=lambda name, *a, **k: std_logging.getLogger(f"areal.{name}"))
+    for name in ("constants", "datapack", "seeding"):
+        stub(f"realhf.base.{name}", __getattr__=lambda attr: getattr(anything, attr))
+    sys.modules["realhf.api.core"].config = sys.modules["realhf.api.core.config"]  # type: ignore[attr-defined]
+    sys.modules["realhf.api.core"].dfg = sys.modules["realhf.api.core.dfg"]  # type: ignore[attr-defined]
+    for name in ("constants", "datapack", "logging", "seeding"):
+        setattr(sys.modules["realhf.base"], name, sys.modules[f"realhf.base.{name}"])
+
+    def load(name: str, rel: str) -> types.ModuleType:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(source, rel))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    data_api = load("realhf.api.core.data_api", "realhf/api/core/data_api.py")
+    buffer = load("realhf.system.buffer", "realhf/system/buffer.py")
+    std_logging.getLogger("areal").setLevel(std_logging.ERROR)  # its "buffer 95% full" warnings
+    return buffer.AsyncIOSequenceBuffer, data_api.SequenceSample, buffer.BufferFull

@@ -34,16 +34,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from areal_upstream import BufferFull as UpstreamFull
-from areal_upstream import Sample, UpstreamModel
+from areal_upstream import Sample, UpstreamModel, load_real
 
-from objectrl_buffer.async_buffer import AsyncSequenceBuffer, BufferFull, Consumer
+from objectrl_buffer.async_buffer import AsyncSequenceBuffer, Consumer
 
 BATCH = 64
 PRODUCERS = 3
@@ -186,32 +189,63 @@ def areal_tokens(seed: int = 0) -> list[list[torch.Tensor]]:
     ]
 
 
-def sample(i: int, t: torch.Tensor, upstream: bool) -> Any:
-    return Sample([i], {"tokens": [[t.shape[0]]]}, {"tokens": t}) if upstream else {"ids": i, "tokens": t}
+#: The implementations the AReaL table compares: ours, the model of upstream, upstream's own code.
+IMPLS = ("ours", "model", "areal")
 
 
-def reward(i: int, upstream: bool) -> Any:
-    r = torch.ones(1)
-    return Sample([i], {"rewards": [[1]]}, {"rewards": r}) if upstream else {"ids": i, "rewards": r[0]}
-
-
-def areal_inputs(tokens: list[list[torch.Tensor]], upstream: bool) -> tuple[list[list[Any]], list[list[Any]]]:
-    """``[writer][i]`` samples and the rewards the amender adds to them, built untimed (like the tokens)."""
+def areal_inputs(
+    tokens: list[list[torch.Tensor]], impl: str, source: str = ""
+) -> tuple[Any, list[list[Any]], list[list[Any]]]:
+    """``(buffer class, [writer][i] samples, the rewards the amender adds)``, built untimed like the tokens."""
     per = len(tokens[0])
-    writers = [[sample(w * per + i, t, upstream) for i, t in enumerate(mine)] for w, mine in enumerate(tokens)]
-    rewards = [[reward(w * per + i, upstream) for i in range(per)] for w in range(len(tokens))]
-    return writers, rewards
+    if impl == "ours":
+        cls: Any = AsyncSequenceBuffer
+
+        def sample(i: int, t: torch.Tensor) -> Any:
+            return {"ids": i, "tokens": t}
+
+        def reward(i: int, r: torch.Tensor) -> Any:
+            return {"ids": i, "rewards": r[0]}
+
+    else:
+        if impl == "model":
+            cls, sample_cls = UpstreamModel, Sample
+
+            def make(i: int, key: str, t: torch.Tensor) -> Any:
+                return Sample([i], {key: [[t.shape[0]]]}, {key: t})
+
+        else:
+            cls, sample_cls, _ = load_real(source)
+
+            def make(i: int, key: str, t: torch.Tensor) -> Any:
+                return sample_cls(
+                    keys={key},
+                    ids=[i],
+                    seqlens={key: [[t.shape[0]]]},
+                    trailing_shapes={key: ()},
+                    dtypes={key: t.dtype},
+                    data={key: t},
+                )
+
+        def sample(i: int, t: torch.Tensor) -> Any:
+            return make(i, "tokens", t)
+
+        def reward(i: int, r: torch.Tensor) -> Any:
+            return make(i, "rewards", r)
+
+    writers = [[sample(w * per + i, t) for i, t in enumerate(mine)] for w, mine in enumerate(tokens)]
+    rewards = [[reward(w * per + i, torch.ones(1)) for i in range(per)] for w in range(len(tokens))]
+    return cls, writers, rewards
 
 
-async def areal_pipeline(inputs: tuple[list[list[Any]], list[list[Any]]], max_size: int, upstream: bool) -> int:
+async def areal_pipeline(inputs: tuple[Any, list[list[Any]], list[list[Any]]], max_size: int) -> int:
     """Run AReaL's pipeline shape once; return how many puts met ``BufferFull``.
 
     ``inputs`` (from :func:`areal_inputs`) are built before the timing starts, as the tokens are."""
-    buf: Any = UpstreamModel(AREAL_CONSUMERS, max_size) if upstream else AsyncSequenceBuffer(AREAL_CONSUMERS, max_size)
-    full_error = UpstreamFull if upstream else BufferFull
+    cls, writers, rewards = inputs
+    buf = cls(AREAL_CONSUMERS, max_size)
     to_amend: asyncio.Queue[tuple[Any, list[Any]]] = asyncio.Queue()
     refused = 0
-    writers, rewards = inputs
     per = len(writers[0])
 
     async def writer(w: int) -> None:
@@ -222,7 +256,9 @@ async def areal_pipeline(inputs: tuple[list[list[Any]], list[list[Any]]], max_si
                 try:
                     slots = await buf.put_batch(batch)
                     break
-                except full_error:
+                except Exception as exc:  # each implementation's own BufferFull
+                    if type(exc).__name__ != "BufferFull":
+                        raise
                     refused += 1
                     await asyncio.sleep(0)  # let the readers free slots, then try again
             await to_amend.put((slots, rewards[w][start : start + AREAL_PUT]))
@@ -234,44 +270,64 @@ async def areal_pipeline(inputs: tuple[list[list[Any]], list[list[Any]]], max_si
 
     async def consumer(c: Consumer) -> None:
         for _ in range(AREAL_TOTAL // AREAL_READ):
-            await (buf.get_batch_for_rpc(c) if upstream else buf.get_batch(c))
+            await buf.get_batch_for_rpc(c)
 
     await asyncio.gather(*(writer(w) for w in range(AREAL_WRITERS)), amender(), *map(consumer, AREAL_CONSUMERS))
     assert buf.size == 0
     return refused
 
 
-def areal_cpu(tokens: list[list[torch.Tensor]], max_size: int, upstream: bool) -> tuple[float, int]:
-    inputs = areal_inputs(tokens, upstream)
-    start = time.process_time()
-    refused = asyncio.run(areal_pipeline(inputs, max_size, upstream))
-    return time.process_time() - start, refused
-
-
-def areal_table(sizes: list[int], n_rounds: int) -> None:
+def areal_child(impl: str, max_size: int, source: str) -> None:
+    """One measurement in a fresh process: a warm-up run, then the timed one; prints JSON."""
     tokens = areal_tokens()
+    asyncio.run(areal_pipeline(areal_inputs(tokens, impl, source), max_size))
+    inputs = areal_inputs(tokens, impl, source)
+    gc.collect()
+    start = time.process_time()
+    refused = asyncio.run(areal_pipeline(inputs, max_size))
+    print(json.dumps({"cpu": time.process_time() - start, "refused": refused}))
+
+
+def areal_table(sizes: list[int], n_rounds: int, source: str) -> None:
+    impls = [i for i in IMPLS if i != "areal" or source]
     print(
         f"\nAReaL's pipeline shape: {AREAL_WRITERS} writers x {AREAL_TOTAL // AREAL_WRITERS} sequences "
         f"(puts of {AREAL_PUT}, retried on BufferFull), 1 reward amender, 2 consumers reading {AREAL_READ}; "
-        f"process CPU time, median of {n_rounds} rounds (rounds interleaved)\n"
+        f"process CPU time of the timed run (after a warm-up run) in a fresh process per measurement, median of "
+        f"{n_rounds} rounds (rounds interleaved)\n"
     )
-    print("| max_size | AReaL model (s) | ours (s) | ours / AReaL | refused puts (AReaL, ours) |")
-    print("|---|---|---|---|---|")
+    names = {"ours": "ours", "model": "model of AReaL", "areal": "AReaL's code"}
+    print(
+        "| max_size | "
+        + " | ".join(f"{names[i]} (s)" for i in impls)
+        + " | "
+        + " | ".join(f"ours / {names[i]}" for i in impls[1:])
+        + " | refused puts ("
+        + ", ".join(impls)
+        + ") |"
+    )
+    print("|---|" + "---|" * (2 * len(impls)))
     for size in sizes:
-        areal_cpu(tokens, size, True), areal_cpu(tokens, size, False)  # warm-up
-        theirs, ours, ratios, refused = [], [], [], ([], [])
+        got: dict[str, list[dict[str, float]]] = {i: [] for i in impls}
         for _ in range(n_rounds):
-            t, r_t = areal_cpu(tokens, size, True)
-            o, r_o = areal_cpu(tokens, size, False)
-            theirs.append(t)
-            ours.append(o)
-            ratios.append(o / t)
-            refused[0].append(r_t)
-            refused[1].append(r_o)
+            for impl in impls:
+                cmd = [sys.executable, __file__, "--areal-child", impl, "--areal-sizes", str(size)]
+                out = subprocess.run(
+                    cmd + (["--areal-source", source] if source else []), capture_output=True, text=True, check=True
+                )
+                got[impl].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        cpu = {i: [r["cpu"] for r in got[i]] for i in impls}
+        ratios = {i: [o / t for o, t in zip(cpu["ours"], cpu[i], strict=True)] for i in impls[1:]}
         print(
-            f"| {size:,} | {statistics.median(theirs):.3f} | {statistics.median(ours):.3f} | "
-            f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
-            f"{statistics.median(refused[0]):.0f}, {statistics.median(refused[1]):.0f} |"
+            f"| {size:,} | "
+            + " | ".join(f"{statistics.median(cpu[i]):.3f}" for i in impls)
+            + " | "
+            + " | ".join(
+                f"{statistics.median(ratios[i]):.2f}x ({min(ratios[i]):.2f}-{max(ratios[i]):.2f})" for i in impls[1:]
+            )
+            + " | "
+            + ", ".join(f"{statistics.median([r['refused'] for r in got[i]]):.0f}" for i in impls)
+            + " |"
         )
 
 
@@ -282,11 +338,21 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,100000", help="max_size values of the buffer")
     parser.add_argument("--areal-sizes", default="100000,1024", help="max_size values of the AReaL pipeline")
     parser.add_argument("--areal-only", action="store_true", help="only the AReaL pipeline table")
+    parser.add_argument(
+        "--areal-source",
+        default="",
+        help="a folder holding AReaL's realhf/system/buffer.py and realhf/api/core/data_api.py: adds upstream's "
+        "own code to the AReaL table (needs pydantic)",
+    )
+    parser.add_argument("--areal-child", choices=IMPLS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     areal_sizes = [int(s) for s in args.areal_sizes.split(",")]
+    if args.areal_child:
+        areal_child(args.areal_child, areal_sizes[0], args.areal_source)
+        return
     if args.areal_only:
-        areal_table(areal_sizes, args.rounds)
+        areal_table(areal_sizes, args.rounds, args.areal_source)
         return
     samples = make_samples(args.batches)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -309,7 +375,7 @@ def main() -> None:
     ops = [per_op(size, samples[0], max(20, args.batches * 2)) for size in sizes]
     for key in ops[0]:
         print(f"| {key} | " + " | ".join(f"{o[key]:.0f}" for o in ops) + " |")
-    areal_table(areal_sizes, args.rounds)
+    areal_table(areal_sizes, args.rounds, args.areal_source)
 
 
 if __name__ == "__main__":
