@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -99,9 +100,10 @@ class AsyncSequenceBuffer:
         self._needs = torch.tensor(
             [[k in c.input_keys for k in self._tracked] for c in self._consumers], dtype=torch.bool
         ).reshape(len(self._consumers), len(self._tracked))
+        self._not_needed = ~self._needs.numpy()
         self._by_name = {c.name: i for i, c in enumerate(self._consumers)}
         self._schema: dict[str, KeySpec] = {}
-        self._rows: dict[tuple[bool, ...], torch.Tensor] = {}  # presence row per key set (see _presence)
+        self._rows: dict[tuple[bool, ...], np.ndarray] = {}  # presence row per key set (see _presence)
         self._binding = LoopBinding()
         self._clear()
 
@@ -150,22 +152,22 @@ class AsyncSequenceBuffer:
         return f"AsyncSequenceBuffer(size={self._t.size}, max_size={self._max_size}, consumers=[{names}])"
 
     # ------------------------------------------------------------------ put
-    def _presence(self, payloads: list[dict[str, Value]], same_keys: bool) -> torch.Tensor:
+    def _presence(self, payloads: list[dict[str, Value]], same_keys: bool) -> np.ndarray:
         """``[n, n_tracked]`` bool: which readiness keys each sample holds."""
+        width = len(self._tracked)
         if not payloads:
-            return torch.zeros(0, len(self._tracked), dtype=torch.bool)
+            return np.zeros((0, width), dtype=np.bool_)
         first = tuple(k in payloads[0] for k in self._tracked)
         if same_keys or all(tuple(k in p for k in self._tracked) == first for p in payloads):
             row = self._rows.get(first)
-            if row is None:  # few key sets ever occur: one small tensor each, built once
-                row = self._rows[first] = torch.tensor(first, dtype=torch.bool).reshape(len(self._tracked))
-            return row.expand(len(payloads), -1)
-        rows = [[k in p for k in self._tracked] for p in payloads]
-        return torch.tensor(rows, dtype=torch.bool).reshape(len(payloads), len(self._tracked))
+            if row is None:  # few key sets ever occur: one small array each, built once
+                row = self._rows[first] = np.array(first, dtype=np.bool_).reshape(width)
+            return np.broadcast_to(row, (len(payloads), width))
+        return np.array([[k in p for k in self._tracked] for p in payloads], dtype=np.bool_).reshape(-1, width)
 
-    def _readiness(self, has: torch.Tensor) -> torch.Tensor:
+    def _readiness(self, has: np.ndarray) -> np.ndarray:
         """``[n, n_consumers]`` bool from ``has [n, n_tracked]``: a consumer is ready when it has all its keys."""
-        return (has.unsqueeze(1) | ~self._needs.unsqueeze(0)).all(-1)
+        return (has[:, None, :] | self._not_needed[None]).all(-1)
 
     def _full(self, n: int) -> BufferFull:
         return BufferFull(
@@ -190,16 +192,17 @@ class AsyncSequenceBuffer:
         if n > self._max_size - self._t.size:
             raise self._full(n)
         # All checks passed: from here on nothing raises.
-        slot_list = self._t.pop_free(n)  # the lowest free slots
-        slots = torch.tensor(slot_list, dtype=torch.int64)
+        t = self._t
+        slot_list = t.pop_free(n)  # the lowest free slots
+        slots = np.array(slot_list, dtype=np.int64)
         has = self._presence(parsed.payloads, parsed.same_keys)
         ready = self._readiness(has)
-        self._t.occupied[slots] = True
-        self._t.birth[slots] = births
-        self._t.has[slots] = has
-        self._t.ready[slots] = ready
-        self._t.read[slots] = False
-        self._t.add_candidates(slot_list, ready)
+        t.np_occupied[slots] = True
+        t.np_birth[slots] = births.numpy()
+        t.np_has[slots] = has
+        t.np_ready[slots] = ready
+        t.np_read[slots] = False
+        t.add_candidates(slot_list, ready)
         for slot, sample_id, payload in zip(slot_list, parsed.ids, parsed.payloads, strict=True):
             self._t.payload[slot] = payload
             self._t.ids[slot] = sample_id
@@ -209,7 +212,7 @@ class AsyncSequenceBuffer:
         self._int_ids = int_ids
         self._schema.update(new_keys)
         self._t.last_birth = max(self._t.last_birth, int(births.max()))
-        return slots
+        return torch.from_numpy(slots)
 
     async def put_batch(self, samples: Any, birth_times: Any = None) -> torch.Tensor:
         """Store ``samples`` in the lowest free slots; return those slots (int64 ``[n]``, in sample order).
@@ -279,6 +282,7 @@ class AsyncSequenceBuffer:
         if not parsed.ids:
             return
         slot_list = slots.tolist()
+        slots_np = slots.numpy()
         check_amend_ids(slot_list, [self._t.ids[s] for s in slot_list], parsed.ids)
         new_keys = check_schema(parsed.payloads, self._schema)
         # All checks passed: from here on nothing raises.
@@ -286,11 +290,12 @@ class AsyncSequenceBuffer:
             stored_payload = self._t.payload[slot]
             assert stored_payload is not None
             stored_payload.update(payload)
-        has = self._t.has[slots] | self._presence(parsed.payloads, parsed.same_keys)
+        t = self._t
+        has = t.np_has[slots_np] | self._presence(parsed.payloads, parsed.same_keys)
         ready = self._readiness(has)
-        self._t.add_candidates(slot_list, ready & ~self._t.ready[slots] & ~self._t.read[slots])
-        self._t.has[slots] = has
-        self._t.ready[slots] = ready
+        t.add_candidates(slot_list, ready & ~t.np_ready[slots_np] & ~t.np_read[slots_np])
+        t.np_has[slots_np] = has
+        t.np_ready[slots_np] = ready
         self._schema.update(new_keys)
 
     async def amend_batch(self, indices: Any, samples: Any) -> None:
@@ -336,12 +341,12 @@ class AsyncSequenceBuffer:
         payloads: list[dict[str, Value]] = [self._t.payload[s] for s in slot_list]
         ids = [self._t.ids[s] for s in slot_list]
         batch = gather(ids, payloads, consumer.input_keys, self._schema, self.device, self._int_ids is not False)
-        self._t.read[slots, c] = True
+        self._t.np_read[slots, c] = True
         self._t.candidates[c].difference_update(slot_list)
-        done = slots[self._t.read[slots].all(1)]
-        if done.numel():
+        done = slots[self._t.np_read[slots].all(1)]
+        if done.size:
             self._freed(self._t.free(done))
-        return slots, batch
+        return torch.from_numpy(slots), batch
 
     def _freed(self, ids: list[Hashable]) -> None:
         """Tell who waits that the entries of ``ids`` are gone: :meth:`wait_freed` waiters, then ``on_free``."""
@@ -419,7 +424,8 @@ class AsyncSequenceBuffer:
         t = self._t
         t.check(list(self._by_name))
         occ = t.occupied
-        require(bool((t.ready[occ] == self._readiness(t.has[occ])).all()), "readiness differs from the keys held")
+        ready = self._readiness(t.np_has[t.np_occupied])
+        require(bool((t.np_ready[t.np_occupied] == ready).all()), "readiness differs from the keys held")
         for slot in occ.nonzero().squeeze(1).tolist():
             payload = t.payload[slot]
             assert payload is not None
@@ -473,9 +479,10 @@ class AsyncSequenceBuffer:
         self._t.birth[slots] = got.birth
         self._t.read[slots] = got.read
         has = self._presence(got.payloads, False)
-        self._t.has[slots] = has
-        self._t.ready[slots] = self._readiness(has)
-        self._t.add_candidates(slots.tolist(), self._t.ready[slots] & ~got.read)
+        slots_np = slots.numpy()
+        self._t.np_has[slots_np] = has
+        self._t.np_ready[slots_np] = self._readiness(has)
+        self._t.add_candidates(slots.tolist(), self._t.np_ready[slots_np] & ~got.read.numpy())
         self._t.free_slots = (~self._t.occupied).nonzero().squeeze(1).tolist()  # ascending: a heap
         for slot, sample_id, payload in zip(slots.tolist(), got.ids, got.payloads, strict=True):
             self._t.payload[slot] = payload
