@@ -104,7 +104,7 @@ class AsyncSequenceBuffer:
         self._by_name = {c.name: i for i, c in enumerate(self._consumers)}
         self._schema: dict[str, KeySpec] = {}
         self._rows: dict[tuple[bool, ...], np.ndarray] = {}  # presence row per key set (see _presence)
-        self._binding = LoopBinding()
+        self._binding = LoopBinding(len(self._consumers))
         self._clear()
 
     def _clear(self) -> None:
@@ -153,21 +153,29 @@ class AsyncSequenceBuffer:
 
     # ------------------------------------------------------------------ put
     def _presence(self, payloads: list[dict[str, Value]], same_keys: bool) -> np.ndarray:
-        """``[n, n_tracked]`` bool: which readiness keys each sample holds."""
+        """Which readiness keys each sample holds: bool ``[n, n_tracked]``, or one row ``[n_tracked]`` when
+        every sample holds the same keys (NumPy broadcasts it where it is assigned)."""
         width = len(self._tracked)
         if not payloads:
             return np.zeros((0, width), dtype=np.bool_)
-        first = tuple(k in payloads[0] for k in self._tracked)
-        if same_keys or all(tuple(k in p for k in self._tracked) == first for p in payloads):
+        keys = payloads[0].keys()
+        if same_keys or all(p.keys() == keys for p in payloads):
+            first = tuple(k in keys for k in self._tracked)
             row = self._rows.get(first)
             if row is None:  # few key sets ever occur: one small array each, built once
                 row = self._rows[first] = np.array(first, dtype=np.bool_).reshape(width)
-            return np.broadcast_to(row, (len(payloads), width))
+            return row
         return np.array([[k in p for k in self._tracked] for p in payloads], dtype=np.bool_).reshape(-1, width)
 
     def _readiness(self, has: np.ndarray) -> np.ndarray:
-        """``[n, n_consumers]`` bool from ``has [n, n_tracked]``: a consumer is ready when it has all its keys."""
-        return (has[:, None, :] | self._not_needed[None]).all(-1)
+        """Bool ``[..., n_consumers]`` from ``has [..., n_tracked]``: a consumer is ready when it has all its keys."""
+        return (has[..., None, :] | self._not_needed).all(-1)
+
+    def _wake_ready(self) -> None:
+        """Wake the consumers that could now read (the caller holds the buffer's lock)."""
+        for c, wait in enumerate(self._binding.waits):
+            if len(self._t.candidates[c]) >= self._consumers[c].n_seqs:
+                wait.notify_all()
 
     def _full(self, n: int) -> BufferFull:
         return BufferFull(
@@ -243,7 +251,7 @@ class AsyncSequenceBuffer:
         try:
             async with cond:
                 slots = self._put(samples, birth_times)
-                cond.notify_all()
+                self._wake_ready()
         finally:
             self._binding.leave(cond)
         return slots
@@ -313,7 +321,7 @@ class AsyncSequenceBuffer:
         try:
             async with cond:
                 self._amend(indices, samples)
-                cond.notify_all()
+                self._wake_ready()
         finally:
             self._binding.leave(cond)
 
@@ -405,9 +413,10 @@ class AsyncSequenceBuffer:
         c = self._consumer_index(consumer)
         n = self._consumers[c].n_seqs
         cond = self._binding.enter("get_batch")
+        wait = self._binding.waits[c]
         try:
             async with cond:
-                await cond.wait_for(lambda: len(self._t.candidates[c]) >= n)
+                await wait.wait_for(lambda: len(self._t.candidates[c]) >= n)
                 return self._take(c)
         finally:
             self._binding.leave(cond)

@@ -10,6 +10,7 @@ Gathered batches stack keys whose samples share a shape and return the others as
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from objectrl_buffer.async_buffer.consumer import IDS
 from objectrl_buffer.async_buffer.sequences import SEQLENS, Sequences
 from objectrl_buffer.core.schema import without_data
 from objectrl_buffer.errors import InvalidArgumentError, SchemaError
+from objectrl_buffer.storage.torchrl_compat import jagged_view, new_tensordict
 
 __all__ = ["KeySpec", "Parsed", "Value", "parse_samples", "check_schema", "gather"]
 
@@ -179,11 +181,22 @@ def parse_samples(samples: Any, device: torch.device) -> Parsed:
         )
     ids = []
     payloads: list[dict[str, Value]] = []
+    on_cpu = device.type == "cpu"
     for i, sample in enumerate(samples):
         if type(sample) is dict and IDS in sample:  # the common case: no message strings, no ABC checks
             try:
-                payload = {k: _tensor(v, k, "", device) for k, v in sample.items() if k != IDS}
-                ids.append(_as_id(sample[IDS], ""))
+                payload = {
+                    k: v
+                    if type(v) is torch.Tensor
+                    and v.layout == torch.strided
+                    and not v.requires_grad
+                    and (v.is_cpu if on_cpu else v.device == device)
+                    else _tensor(v, k, "", device)
+                    for k, v in sample.items()
+                    if k != IDS
+                }
+                sample_id = sample[IDS]
+                ids.append(sample_id if type(sample_id) is int or type(sample_id) is str else _as_id(sample_id, ""))
             except (InvalidArgumentError, SchemaError):
                 pass  # redone below, for a message that names the sample
             else:
@@ -206,13 +219,24 @@ def check_schema(payloads: list[dict[str, Value]], schema: Mapping[str, KeySpec]
         SchemaError: naming the key, what the buffer stores and what the write brought.
     """
     new: dict[str, KeySpec] = {}
+    known = dict(schema)
     for i, payload in enumerate(payloads):
         for key, t in payload.items():
-            if key == SEQLENS:
-                raise SchemaError(f"samples[{i}]: key '{SEQLENS}' is reserved (a batch's lengths of Sequences keys)")
-            spec = schema.get(key) or new.get(key)
+            spec = known.get(key)
             if spec is None:
-                new[key] = KeySpec.of(t)
+                if key == SEQLENS:
+                    raise SchemaError(
+                        f"samples[{i}]: key '{SEQLENS}' is reserved (a batch's lengths of Sequences keys)"
+                    )
+                new[key] = known[key] = KeySpec.of(t)
+                continue
+            if (  # the common case, first
+                type(t) is torch.Tensor
+                and spec.kind == "tensor"
+                and t.dtype == spec.dtype
+                and t.dim() == spec.ndim
+                and (spec.ndim <= 1 or t.shape[1:] == spec.trailing)
+            ):
                 continue
             if isinstance(t, Sequences) or spec.kind != "tensor":
                 if KeySpec.of(t) != spec:
@@ -230,28 +254,18 @@ def check_schema(payloads: list[dict[str, Value]], schema: Mapping[str, KeySpec]
 def _column(parts: list[torch.Tensor], spec: KeySpec, device: torch.device) -> torch.Tensor:
     """One key of a batch: stacked ``[n, ...]`` when all samples share a shape, else jagged ``[n, j, ...]``."""
     if spec.ndim == 0:
-        return torch.stack(parts).to(device)
+        return _on(torch.stack(parts), device)
     lengths = [t.shape[0] for t in parts]
     if min(lengths) == max(lengths):
-        return torch.stack(parts).to(device)
-    values = torch.cat(parts).to(device)
-    offsets = torch.zeros(len(parts) + 1, dtype=torch.int64)
-    torch.cumsum(torch.tensor(lengths), 0, out=offsets[1:])
+        return _on(torch.stack(parts), device)
+    values = _on(torch.cat(parts), device)
+    offsets = _on(torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64), device)
     # min/max seqlen cached on the tensor: to_padded_tensor pads to the longest, not to the packed total.
-    return jagged(values, offsets.to(device), min(lengths), max(lengths))
+    return jagged(values, offsets, min(lengths), max(lengths))
 
 
-def _nested_tensor_class() -> Any:
-    try:
-        from torch.nested._internal import nested_tensor as internal
-
-        internal._store_val_in_tensor(0)  # noqa: B018 (present, as the cache below needs)
-        return internal.NestedTensor, internal._store_val_in_tensor
-    except (ImportError, AttributeError, TypeError):
-        return None
-
-
-_NJT = _nested_tensor_class()
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return t if t.device == device else t.to(device)
 
 
 def jagged(values: torch.Tensor, offsets: torch.Tensor, min_seqlen: int, max_seqlen: int) -> torch.Tensor:
@@ -262,16 +276,9 @@ def jagged(values: torch.Tensor, offsets: torch.Tensor, min_seqlen: int, max_seq
     values, offsets and cached min/max lengths is the same tensor (not a view of ``values``, which
     ``gather`` builds fresh anyway). A torch without those internals gets the public call.
     """
-    if _NJT is not None:
-        cls, store = _NJT
-        try:
-            return cls(
-                values,
-                offsets,
-                _metadata_cache={"min_seqlen": store(min_seqlen), "max_seqlen": store(max_seqlen)},
-            )
-        except (TypeError, RuntimeError):  # an internal signature that changed: the public way
-            pass
+    fast = jagged_view(values, offsets, min_seqlen, max_seqlen)
+    if fast is not None:
+        return fast
     quiet_fx_tracing_notice()
     return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=min_seqlen, max_seqlen=max_seqlen)
 
@@ -353,6 +360,7 @@ def gather(
             out[key] = _column([p[key] for p in payloads], spec, device)  # type: ignore[misc]
         else:
             _sequences_columns([p[key] for p in payloads], key, spec, device, out, lengths)  # type: ignore[misc]
-    if lengths:
-        out[SEQLENS] = TensorDict(lengths, batch_size=[n], device=device)
-    return TensorDict(out, batch_size=[n], device=device)
+    size = torch.Size([n])
+    if lengths:  # every value was just built here with batch size [n] on device: no need to check them again
+        out[SEQLENS] = new_tensordict(lengths, size, device, nested=False)
+    return new_tensordict(out, size, device, nested=False)

@@ -67,7 +67,13 @@ class SlotTable:
         self.puts: Counter[Hashable] = Counter()
 
     def add_candidates(self, slots: list[int], ready: np.ndarray | torch.Tensor) -> None:
-        """Add ``slots[i]`` to consumer ``c``'s candidates where ``ready[i, c]`` (bool ``[n, n_consumers]``)."""
+        """Add ``slots[i]`` to consumer ``c``'s candidates where ``ready[i, c]`` (bool ``[n, n_consumers]``, or
+        one row ``[n_consumers]`` for all)."""
+        if ready.ndim == 1:
+            for c, r in enumerate(ready.tolist()):
+                if r:
+                    self.candidates[c].update(slots)
+            return
         if ready.any():
             for c, column in enumerate(ready.T.tolist()):
                 self.candidates[c].update(s for s, r in zip(slots, column, strict=True) if r)

@@ -198,3 +198,19 @@ def test_a_put_that_cannot_fit_is_refused_without_reading_its_samples() -> None:
     with pytest.raises(BufferFull):
         buf.put_batch_nowait([_Watched(1), _Watched(2)])
     assert _Watched.reads == 0 and buf.size == 1  # a retrying writer pays nothing per refusal
+
+
+def test_a_jagged_batch_is_the_tensor_torchs_public_constructor_builds() -> None:
+    parts = [torch.arange(n) + 10 * n for n in (3, 1, 5)]
+    buf = AsyncSequenceBuffer([Consumer("ref_inf", ("packed_input_ids",), 3)], 4)
+    buf.put_batch_nowait([{"ids": i, "packed_input_ids": p} for i, p in enumerate(parts)])
+    _, batch = run(buf.get_batch("ref_inf"))
+    got = batch["packed_input_ids"]
+    want = torch.nested.nested_tensor_from_jagged(
+        torch.cat(parts), torch.tensor([0, 3, 4, 9]), min_seqlen=1, max_seqlen=5
+    )
+    assert torch.equal(got.values(), want.values()) and torch.equal(got.offsets(), want.offsets())
+    assert torch.equal(got.to_padded_tensor(-1), want.to_padded_tensor(-1))  # padded to the longest (5), not to 9
+    assert [t.tolist() for t in got.unbind()] == [p.tolist() for p in parts] and batch[2]["packed_input_ids"].shape == (
+        5,
+    )
