@@ -14,10 +14,12 @@ bookkeeping differs.
 A third table runs AReaL's pipeline shape (issue 26): 4 rollout writers put 16 sequences at a time (10,240 in
 all, lengths 16-512), a reward amender amends each put, 2 consumers read 64 at a time (``actor_train`` needs
 tokens and rewards, ``ref_inf`` tokens only); a writer that meets ``BufferFull`` yields to the loop and tries
-again, as AReaL's producers do. It runs through :class:`AsyncSequenceBuffer` and through a model of AReaL's
-own ``AsyncIOSequenceBuffer`` (``areal_upstream.py``; no wheel ships it) and reports the process CPU time of
-each and their ratio, at ``max_size`` 100,000 (writers never blocked) and 1,024 (writers meet ``BufferFull``
-often), plus how many puts were refused.
+again, as AReaL's producers do. It runs through :class:`AsyncSequenceBuffer`, through a lean model of AReaL's
+``AsyncIOSequenceBuffer`` (``areal_upstream.py``: its algorithm with a plain packed sample) and, given
+``--areal-source DIR`` (a folder holding AReaL's ``realhf/system/buffer.py`` and ``realhf/api/core/data_api.py``;
+no wheel ships them; needs pydantic), through AReaL's own code. Each measurement is a fresh process (a warm-up
+run, then the timed one); it reports the process CPU time and the ratios, at ``max_size`` 100,000 (writers
+never blocked) and 1,024 (writers meet ``BufferFull`` often), plus how many puts were refused.
 
 A second table times each operation alone (a put of 64, an amend of 64, one get per consumer) per call.
 Sequences are generated once up front, so generation is not timed. The table gives the median over
@@ -28,6 +30,7 @@ Usage (from the repository root)::
     python benchmarks/async_bench.py                    # 3 x 20 batches of 64, 5 rounds
     python benchmarks/async_bench.py --batches 5 --rounds 2   # a quick run
     python benchmarks/async_bench.py --areal-only --rounds 5  # only the AReaL pipeline against upstream's model
+    python benchmarks/async_bench.py --areal-only --areal-source ~/AReaL   # ... and against AReaL's own code
 """
 
 from __future__ import annotations
