@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -31,7 +32,7 @@ from objectrl_buffer.async_buffer.batches import amend_slots, check_amend_ids, c
 from objectrl_buffer.async_buffer.batches import birth_times as birth_times_of
 from objectrl_buffer.async_buffer.consumer import IDS, Consumer, as_consumers
 from objectrl_buffer.async_buffer.loop import LoopBinding
-from objectrl_buffer.async_buffer.samples import KeySpec, check_schema, gather, parse_samples
+from objectrl_buffer.async_buffer.samples import KeySpec, Value, check_schema, gather, parse_samples
 from objectrl_buffer.async_buffer.slots import SlotTable, require
 from objectrl_buffer.core import validate
 from objectrl_buffer.core.validate import positive_int
@@ -50,6 +51,9 @@ class AsyncSequenceBuffer:
         device: where ``get_batch`` returns its batches.
         storing_device: where samples are kept (tensors already there are kept as given, not copied:
             treat what you put as handed over).
+        on_free: called with the ids of the entries a ``get_batch`` freed (a list, in slot order), once they
+            are gone, on the buffer's loop; an exception it raises goes to the loop's exception handler (the
+            batch is still returned). :meth:`wait_freed` awaits one entry instead.
 
     Raises:
         InvalidArgumentError: no consumers, two with one name, an ``n_seqs`` above ``max_size``, a device
@@ -73,8 +77,14 @@ class AsyncSequenceBuffer:
         *,
         device: str | torch.device = "cpu",
         storing_device: str | torch.device = "cpu",
+        on_free: Callable[[list[Hashable]], object] | None = None,
     ) -> None:
         self._consumers = as_consumers(consumers)
+        if on_free is not None and not callable(on_free):
+            raise InvalidArgumentError(f"on_free must be callable (it receives the freed ids), got {on_free!r}")
+        self._on_free = on_free
+        self._waiters: dict[Hashable, list[asyncio.Future[None]]] = {}
+        self._int_ids: bool | None = None  # whether ids are ints: fixed by the first put with samples
         self._max_size = positive_int(max_size, "max_size", limit=2**40)
         for c in self._consumers:
             if c.n_seqs > self._max_size:
@@ -90,9 +100,11 @@ class AsyncSequenceBuffer:
         self._needs = torch.tensor(
             [[k in c.input_keys for k in self._tracked] for c in self._consumers], dtype=torch.bool
         ).reshape(len(self._consumers), len(self._tracked))
+        self._not_needed = ~self._needs.numpy()
         self._by_name = {c.name: i for i, c in enumerate(self._consumers)}
         self._schema: dict[str, KeySpec] = {}
-        self._binding = LoopBinding()
+        self._rows: dict[tuple[bool, ...], np.ndarray] = {}  # presence row per key set (see _presence)
+        self._binding = LoopBinding(len(self._consumers))
         self._clear()
 
     def _clear(self) -> None:
@@ -125,7 +137,7 @@ class AsyncSequenceBuffer:
         """
         return len(self._t.candidates[self._consumer_index(consumer)])
 
-    def consumed_ids(self) -> list[int]:
+    def consumed_ids(self) -> list[Hashable]:
         """Ids of the entries every consumer has read (and that were freed), in the order they were freed.
 
         This is upstream's recovery list (``hash_vals_to_ignore``); it survives :meth:`save` / :meth:`load`.
@@ -140,79 +152,106 @@ class AsyncSequenceBuffer:
         return f"AsyncSequenceBuffer(size={self._t.size}, max_size={self._max_size}, consumers=[{names}])"
 
     # ------------------------------------------------------------------ put
-    def _presence(self, payloads: list[dict[str, torch.Tensor]], same_keys: bool) -> torch.Tensor:
-        """``[n, n_tracked]`` bool: which readiness keys each sample holds."""
-        if same_keys and payloads:
-            row = torch.tensor([k in payloads[0] for k in self._tracked], dtype=torch.bool)
-            return row.expand(len(payloads), -1)
-        rows = [[k in p for k in self._tracked] for p in payloads]
-        return torch.tensor(rows, dtype=torch.bool).reshape(len(payloads), len(self._tracked))
+    def _presence(self, payloads: list[dict[str, Value]], same_keys: bool) -> np.ndarray:
+        """Which readiness keys each sample holds: bool ``[n, n_tracked]``, or one row ``[n_tracked]`` when
+        every sample holds the same keys (NumPy broadcasts it where it is assigned)."""
+        width = len(self._tracked)
+        if not payloads:
+            return np.zeros((0, width), dtype=np.bool_)
+        keys = payloads[0].keys()
+        if same_keys or all(p.keys() == keys for p in payloads):
+            first = tuple(k in keys for k in self._tracked)
+            row = self._rows.get(first)
+            if row is None:  # few key sets ever occur: one small array each, built once
+                row = self._rows[first] = np.array(first, dtype=np.bool_).reshape(width)
+            return row
+        return np.array([[k in p for k in self._tracked] for p in payloads], dtype=np.bool_).reshape(-1, width)
 
-    def _readiness(self, has: torch.Tensor) -> torch.Tensor:
-        """``[n, n_consumers]`` bool from ``has [n, n_tracked]``: a consumer is ready when it has all its keys."""
-        return (has.unsqueeze(1) | ~self._needs.unsqueeze(0)).all(-1)
+    def _readiness(self, has: np.ndarray) -> np.ndarray:
+        """Bool ``[..., n_consumers]`` from ``has [..., n_tracked]``: a consumer is ready when it has all its keys."""
+        return (has[..., None, :] | self._not_needed).all(-1)
+
+    def _wake_ready(self) -> None:
+        """Wake the consumers that could now read (the caller holds the buffer's lock)."""
+        for c, wait in enumerate(self._binding.waits):
+            if len(self._t.candidates[c]) >= self._consumers[c].n_seqs:
+                wait.notify_all()
+
+    def _full(self, n: int) -> BufferFull:
+        return BufferFull(
+            f"put of {n} samples does not fit: the buffer holds {self._t.size} of max_size {self._max_size} "
+            f"({self._max_size - self._t.size} free); raise max_size or consume faster"
+        )
 
     def _put(self, samples: Any, birth_times: Any) -> torch.Tensor:
+        # A put that cannot fit is refused before its samples are parsed: writers that retry on BufferFull
+        # (AReaL's) then pay next to nothing per refusal, as upstream's (issue 26).
+        if isinstance(samples, list) and len(samples) > self._max_size - self._t.size:
+            raise self._full(len(samples))
         parsed = parse_samples(samples, self.storing_device)
         n = len(parsed.ids)
         if n == 0:
             if birth_times is not None:
                 birth_times_of(birth_times, 0, self._t.last_birth)
             return torch.empty(0, dtype=torch.int64)
-        check_new_ids(parsed.ids, self._t.slot_of)
+        int_ids = check_new_ids(parsed.ids, self._t.slot_of, self._int_ids)
         births = birth_times_of(birth_times, n, self._t.last_birth)
         new_keys = check_schema(parsed.payloads, self._schema)
         if n > self._max_size - self._t.size:
-            raise BufferFull(
-                f"put of {n} samples does not fit: the buffer holds {self._t.size} of max_size {self._max_size} "
-                f"({self._max_size - self._t.size} free); raise max_size or consume faster"
-            )
+            raise self._full(n)
         # All checks passed: from here on nothing raises.
-        slot_list = self._t.pop_free(n)  # the lowest free slots
-        slots = torch.tensor(slot_list, dtype=torch.int64)
+        t = self._t
+        slot_list = t.pop_free(n)  # the lowest free slots
+        slots = np.array(slot_list, dtype=np.int64)
         has = self._presence(parsed.payloads, parsed.same_keys)
         ready = self._readiness(has)
-        self._t.occupied[slots] = True
-        self._t.ids[slots] = torch.tensor(parsed.ids, dtype=torch.int64)
-        self._t.birth[slots] = births
-        self._t.has[slots] = has
-        self._t.ready[slots] = ready
-        self._t.read[slots] = False
-        self._t.add_candidates(slot_list, ready)
+        t.np_occupied[slots] = True
+        t.np_birth[slots] = births.numpy()
+        t.np_has[slots] = has
+        t.np_ready[slots] = ready
+        t.np_read[slots] = False
+        t.add_candidates(slot_list, ready)
         for slot, sample_id, payload in zip(slot_list, parsed.ids, parsed.payloads, strict=True):
             self._t.payload[slot] = payload
+            self._t.ids[slot] = sample_id
             self._t.slot_of[sample_id] = slot
         self._t.puts.update(parsed.ids)
         self._t.size += n
+        self._int_ids = int_ids
         self._schema.update(new_keys)
         self._t.last_birth = max(self._t.last_birth, int(births.max()))
-        return slots
+        return torch.from_numpy(slots)
 
     async def put_batch(self, samples: Any, birth_times: Any = None) -> torch.Tensor:
         """Store ``samples`` in the lowest free slots; return those slots (int64 ``[n]``, in sample order).
 
         Args:
-            samples: a list of mappings (each with a unique integer ``ids`` and any keys; tensors of one key
-                may differ in their first dimension between samples) or a TensorDict of batch size ``[n]``
-                (variable-length keys as jagged nested tensors).
+            samples: a list of mappings (each with a unique ``ids`` and any keys; tensors of one key may
+                differ in their first dimension between samples; a key may hold
+                :class:`~objectrl_buffer.async_buffer.Sequences`, several sequences or only their lengths, or
+                a jagged nested tensor, its sequences) or a TensorDict of batch size ``[n]`` (variable-length
+                keys as jagged nested tensors). ``ids`` are all int64 (other than -1) or all other hashables
+                such as str; the buffer's first put decides which.
             birth_times: ``[n]`` integers (ns) deciding the read order, oldest first; by default monotonic
                 time, increasing within the batch and after everything stored.
 
         Raises:
             BufferFull: fewer free slots than samples (nothing stored).
-            InvalidArgumentError: duplicate ``ids`` (in the batch or stored), an id that is not an int64 or is
-                ``-1`` (the empty-slot marker), ``birth_times`` of the wrong length.
+            InvalidArgumentError: duplicate ``ids`` (in the batch or stored), an int id that is not an int64
+                or is ``-1``, an unhashable (or bool, float, None) id, ints mixed with other ids (in the batch
+                or against what the buffer holds), ``birth_times`` of the wrong length.
             SchemaError: a key whose dtype or trailing shape differs from what the buffer stores, a tensor
                 without strided data (meta device, sparse).
             ConcurrentUseError: the buffer is bound to another event loop (see the class docstring).
 
-        Every check runs before a slot is taken: a refused put stores none of its samples.
+        Every check runs before a slot is taken: a refused put stores none of its samples. A list of more
+        samples than there are free slots is refused with ``BufferFull`` before its samples are checked.
         """
         cond = self._binding.enter("put_batch")
         try:
             async with cond:
                 slots = self._put(samples, birth_times)
-                cond.notify_all()
+                self._wake_ready()
         finally:
             self._binding.leave(cond)
         return slots
@@ -244,24 +283,27 @@ class AsyncSequenceBuffer:
 
     # ------------------------------------------------------------------ amend
     def _amend(self, indices: Any, samples: Any) -> None:
-        slots = amend_slots(indices, self._t.occupied)
+        slots = amend_slots(indices, self._t.occupied, self._t.ids)
         parsed = parse_samples(samples, self.storing_device)
         if len(parsed.ids) != slots.numel():
             raise InvalidArgumentError(f"amend_batch: {slots.numel()} indices but {len(parsed.ids)} samples")
         if not parsed.ids:
             return
-        check_amend_ids(slots.tolist(), self._t.ids[slots].tolist(), parsed.ids)
+        slot_list = slots.tolist()
+        slots_np = slots.numpy()
+        check_amend_ids(slot_list, [self._t.ids[s] for s in slot_list], parsed.ids)
         new_keys = check_schema(parsed.payloads, self._schema)
         # All checks passed: from here on nothing raises.
-        for slot, payload in zip(slots.tolist(), parsed.payloads, strict=True):
+        for slot, payload in zip(slot_list, parsed.payloads, strict=True):
             stored_payload = self._t.payload[slot]
             assert stored_payload is not None
             stored_payload.update(payload)
-        has = self._t.has[slots] | self._presence(parsed.payloads, parsed.same_keys)
+        t = self._t
+        has = t.np_has[slots_np] | self._presence(parsed.payloads, parsed.same_keys)
         ready = self._readiness(has)
-        self._t.add_candidates(slots.tolist(), ready & ~self._t.ready[slots] & ~self._t.read[slots])
-        self._t.has[slots] = has
-        self._t.ready[slots] = ready
+        t.add_candidates(slot_list, ready & ~t.np_ready[slots_np] & ~t.np_read[slots_np])
+        t.np_has[slots_np] = has
+        t.np_ready[slots_np] = ready
         self._schema.update(new_keys)
 
     async def amend_batch(self, indices: Any, samples: Any) -> None:
@@ -279,7 +321,7 @@ class AsyncSequenceBuffer:
         try:
             async with cond:
                 self._amend(indices, samples)
-                cond.notify_all()
+                self._wake_ready()
         finally:
             self._binding.leave(cond)
 
@@ -303,14 +345,54 @@ class AsyncSequenceBuffer:
     def _take(self, c: int) -> tuple[torch.Tensor, TensorDict]:
         consumer = self._consumers[c]
         slots = self._t.oldest(c, consumer.n_seqs)
-        payloads = [self._t.payload[s] for s in slots.tolist()]
-        batch = gather(self._t.ids[slots], payloads, consumer.input_keys, self._schema, self.device)
-        self._t.read[slots, c] = True
-        self._t.candidates[c].difference_update(slots.tolist())
-        done = slots[self._t.read[slots].all(1)]
-        if done.numel():
-            self._t.free(done)
-        return slots, batch
+        slot_list = slots.tolist()
+        payloads: list[dict[str, Value]] = [self._t.payload[s] for s in slot_list]
+        ids = [self._t.ids[s] for s in slot_list]
+        batch = gather(ids, payloads, consumer.input_keys, self._schema, self.device, self._int_ids is not False)
+        self._t.np_read[slots, c] = True
+        self._t.candidates[c].difference_update(slot_list)
+        done = slots[self._t.np_read[slots].all(1)]
+        if done.size:
+            self._freed(self._t.free(done))
+        return torch.from_numpy(slots), batch
+
+    def _freed(self, ids: list[Hashable]) -> None:
+        """Tell who waits that the entries of ``ids`` are gone: :meth:`wait_freed` waiters, then ``on_free``."""
+        for sample_id in ids:
+            for future in self._waiters.pop(sample_id, ()):
+                if not future.done():
+                    future.set_result(None)
+        if self._on_free is not None:
+            try:
+                self._on_free(ids)
+            except Exception as exc:  # the entries are freed and the batch taken: report, do not lose it
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": "AsyncSequenceBuffer: the on_free callback raised", "exception": exc}
+                )
+
+    def wait_freed(self, sample_id: Hashable) -> asyncio.Future[None]:
+        """A future, done once the entry now stored under ``sample_id`` is freed (read by every consumer).
+
+        It is registered at once (call it right after the put, from code on the buffer's loop) and done on
+        that loop; ``await buf.wait_freed(i)``. A later put of the same id is a new entry: the future is done
+        when the current one is gone. Cancelling it changes nothing in the buffer.
+
+        Raises:
+            InvalidArgumentError: no entry holds ``sample_id`` now (never put, or already freed).
+            RuntimeError: no event loop is running in this thread.
+            ConcurrentUseError: called from a thread other than the one running the buffer's loop.
+        """
+        self._binding.check_thread("wait_freed")
+        loop = asyncio.get_running_loop()
+        try:
+            stored = sample_id in self._t.slot_of
+        except TypeError:
+            stored = False
+        if not stored:
+            raise InvalidArgumentError(f"wait_freed: no entry holds id {sample_id!r} (never put, or already freed)")
+        future: asyncio.Future[None] = loop.create_future()
+        self._waiters.setdefault(sample_id, []).append(future)
+        return future
 
     async def get_batch(self, consumer: Any) -> tuple[torch.Tensor, TensorDict]:
         """Wait for ``n_seqs`` entries holding ``consumer``'s keys and unread by it; return the oldest.
@@ -331,9 +413,10 @@ class AsyncSequenceBuffer:
         c = self._consumer_index(consumer)
         n = self._consumers[c].n_seqs
         cond = self._binding.enter("get_batch")
+        wait = self._binding.waits[c]
         try:
             async with cond:
-                await cond.wait_for(lambda: len(self._t.candidates[c]) >= n)
+                await wait.wait_for(lambda: len(self._t.candidates[c]) >= n)
                 return self._take(c)
         finally:
             self._binding.leave(cond)
@@ -350,7 +433,8 @@ class AsyncSequenceBuffer:
         t = self._t
         t.check(list(self._by_name))
         occ = t.occupied
-        require(bool((t.ready[occ] == self._readiness(t.has[occ])).all()), "readiness differs from the keys held")
+        ready = self._readiness(t.np_has[t.np_occupied])
+        require(bool((t.np_ready[t.np_occupied] == ready).all()), "readiness differs from the keys held")
         for slot in occ.nonzero().squeeze(1).tolist():
             payload = t.payload[slot]
             assert payload is not None
@@ -362,19 +446,24 @@ class AsyncSequenceBuffer:
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
-        """Every entry not yet freed (keys, birth, read bits) plus the recovery list, as tensors + JSON values."""
+        """Every entry not yet freed (keys, birth, read bits) plus the recovery list, as tensors + JSON values.
+
+        Raises:
+            InvalidArgumentError: ids other than ints and str (a checkpoint holds no other ids).
+        """
         slots = self._t.occupied.nonzero().squeeze(1)
         return persist.pack(
             max_size=self._max_size,
             consumers=self._consumers_json(),
             slots=slots,
-            ids=self._t.ids[slots],
+            ids=[self._t.ids[s] for s in slots.tolist()],
             birth=self._t.birth[slots],
             read=self._t.read[slots],
             payloads=[self._t.payload[s] or {} for s in slots.tolist()],
             schema=self._schema,
             last_birth=self._t.last_birth,
             consumed=self._t.consumed,
+            int_ids=self._int_ids is not False,
         )
 
     def _consumers_json(self) -> list[list[Any]]:
@@ -396,21 +485,23 @@ class AsyncSequenceBuffer:
         self._schema = got.schema
         slots = got.slots
         self._t.occupied[slots] = True
-        self._t.ids[slots] = got.ids
         self._t.birth[slots] = got.birth
         self._t.read[slots] = got.read
         has = self._presence(got.payloads, False)
-        self._t.has[slots] = has
-        self._t.ready[slots] = self._readiness(has)
-        self._t.add_candidates(slots.tolist(), self._t.ready[slots] & ~got.read)
+        slots_np = slots.numpy()
+        self._t.np_has[slots_np] = has
+        self._t.np_ready[slots_np] = self._readiness(has)
+        self._t.add_candidates(slots.tolist(), self._t.np_ready[slots_np] & ~got.read.numpy())
         self._t.free_slots = (~self._t.occupied).nonzero().squeeze(1).tolist()  # ascending: a heap
-        for slot, sample_id, payload in zip(slots.tolist(), got.ids.tolist(), got.payloads, strict=True):
+        for slot, sample_id, payload in zip(slots.tolist(), got.ids, got.payloads, strict=True):
             self._t.payload[slot] = payload
+            self._t.ids[slot] = sample_id
             self._t.slot_of[sample_id] = slot
         self._t.size = len(got.payloads)
         self._t.last_birth = got.last_birth
         self._t.consumed = got.consumed
-        self._t.puts = Counter(got.consumed) + Counter(got.ids.tolist())  # each entry consumed or stored was put
+        self._t.puts = Counter(got.consumed) + Counter(got.ids)  # each entry consumed or stored was put
+        self._int_ids = got.int_ids if got.ids or got.consumed else None
         if self._t.size:
             self._binding.wake_soon()
 

@@ -28,9 +28,13 @@ class LoopBinding:
     The binding itself is decided under a thread lock, so two loops starting at once cannot both take it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, n_waits: int = 0) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.cond: asyncio.Condition | None = None
+        # One Condition per waiter kind (a consumer), on the lock of ``cond``: a change wakes only the
+        # consumers it made ready, not every waiting task (issue 26: each wake-up is a task switch).
+        self._n_waits = n_waits
+        self.waits: list[asyncio.Condition] = []
         self._thread = ""  # the name of the thread that bound the loop, for messages
         self._calls = 0  # awaited calls entered on self.loop and not yet left
         self._lock = threading.Lock()
@@ -64,7 +68,9 @@ class LoopBinding:
                         f"which {problem}. One buffer serves one loop at a time: await it on that loop, or from "
                         "another thread call put_batch_threadsafe(...) (it runs the put there)"
                     )
-                self.loop, self.cond, self._calls = loop, asyncio.Condition(), 0
+                lock = asyncio.Lock()
+                self.loop, self.cond, self._calls = loop, asyncio.Condition(lock), 0
+                self.waits = [asyncio.Condition(lock) for _ in range(self._n_waits)]
                 self._thread = threading.current_thread().name
             self._calls += 1
             return self.cond
@@ -81,6 +87,8 @@ class LoopBinding:
             return  # the buffer moved to another loop: nobody waits on this one
         async with cond:
             cond.notify_all()
+            for wait in self.waits:
+                wait.notify_all()
 
     def check_thread(self, what: str) -> None:
         """Refuse a synchronous call from another thread while the buffer's loop runs (state is not locked).

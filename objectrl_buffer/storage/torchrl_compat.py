@@ -16,6 +16,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 __all__ = [
+    "jagged_view",
     "new_tensordict",
     "plain_items",
     "stored_tensordict",
@@ -43,6 +44,32 @@ def new_tensordict(
     td = TensorDict._new_unsafe(source, batch_size=batch_size, nested=False)
     td._device = device
     return td
+
+
+def _nested_tensor_class() -> Any:
+    try:
+        from torch.nested._internal import nested_tensor as internal
+
+        internal._store_val_in_tensor(0)
+        return internal.NestedTensor, internal._store_val_in_tensor
+    except (ImportError, AttributeError, TypeError):
+        return None
+
+
+_NJT = _nested_tensor_class()
+
+
+def jagged_view(values: torch.Tensor, offsets: torch.Tensor, min_seqlen: int, max_seqlen: int) -> torch.Tensor | None:
+    """``torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=, max_seqlen=)`` built directly by
+    torch's jagged tensor class (~15 us instead of ~150 us: the public call goes through a view op's
+    dispatch), or ``None`` where this torch lacks those internals (then use the public call)."""
+    if _NJT is None:
+        return None
+    cls, store = _NJT
+    try:
+        return cls(values, offsets, _metadata_cache={"min_seqlen": store(min_seqlen), "max_seqlen": store(max_seqlen)})
+    except (TypeError, RuntimeError):  # an internal signature that changed
+        return None
 
 
 def plain_items(data: Any, batch_dims: int) -> dict[str, Any] | None:
