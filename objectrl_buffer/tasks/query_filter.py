@@ -26,7 +26,12 @@ from .rows import META_STRINGS, NUMERIC, query_values
 __all__ = [
     "QueryBuilder",
     "QueryFilter",
-    "QueryCondition", "BaseCondition", "LogicalCondition", "compile_query", "resolve_field"]
+    "QueryCondition",
+    "BaseCondition",
+    "LogicalCondition",
+    "compile_query",
+    "resolve_field",
+]
 
 
 class BaseCondition(TypedDict, total=False):

@@ -4,9 +4,9 @@ code may) shares the rows: the dict records the folder and every storage attache
 from __future__ import annotations
 
 import gc
-import shutil
 import multiprocessing
 import os
+import shutil
 from typing import Any
 
 import pytest

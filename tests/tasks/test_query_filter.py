@@ -58,7 +58,7 @@ def test_bad_queries_and_rows_raise_naming_them() -> None:
         QueryFilter({"field": "step", "op": "between", "value": 1}).check_condition(row)  # AWorld: False
     with pytest.raises(QueryError, match="nope"):
         QueryFilter(QueryBuilder().eq("exp_meta.nope", 1).build()).filter([row])
-    with pytest.raises(InvalidArgumentError, match="exp_meta.step"):
+    with pytest.raises(InvalidArgumentError, match=r"exp_meta\.step"):
         QueryFilter(QueryBuilder().eq("step", 1).build()).filter([DataRow(ExpMeta("t", "n", "a", "1", 0.0), None)])
 
 
