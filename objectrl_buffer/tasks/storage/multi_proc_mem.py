@@ -49,9 +49,9 @@ class MultiProcMemoryStorage(SharedTaskStorage):
             raises.
 
     A temporary folder recorded in a ``Manager().dict()`` made in this process lives as long as that Manager
-    (as AWorld's rows did); one made by a storage built elsewhere is removed by ``objectrl-buffer clean`` or
-    by hand (it is named ``objectrl-tasks-*`` under the temporary directory). Otherwise it is removed with
-    the storage that made it, as :class:`SharedTaskStorage`'s.
+    (as AWorld's rows did); one made by a storage built in another process stays until removed by hand (it
+    is named ``objectrl-tasks-*`` under the temporary directory; pass ``path`` to choose it). Otherwise it is
+    removed with the storage that made it, as :class:`SharedTaskStorage`'s.
 
     Raises:
         InvalidArgumentError: naming ``data_dict`` when it cannot record a folder (not a dict or a Manager's
