@@ -28,6 +28,9 @@ FOLDER_KEY = "objectrl_buffer.tasks:folder"
 ``data_dict`` maps task_ids to shared-memory names, and ours holds nothing else)."""
 
 
+_TEMPORARY_KEY = "objectrl_buffer.tasks:temporary"  # the recorded folder, when a storage made it temporary
+
+
 def _remove_folder(path: str, owner: int) -> None:
     if os.getpid() == owner:  # a forked copy of the Manager dropping its reference must not delete the folder
         shutil.rmtree(path, ignore_errors=True)
@@ -48,10 +51,11 @@ class MultiProcMemoryStorage(SharedTaskStorage):
         path: the folder (default: a temporary one). A ``data_dict`` that already records another folder
             raises.
 
-    A temporary folder recorded in a ``Manager().dict()`` made in this process lives as long as that Manager
-    (as AWorld's rows did); one made by a storage built in another process stays until removed by hand (it
-    is named ``objectrl-tasks-*`` under the temporary directory; pass ``path`` to choose it). Otherwise it is
-    removed with the storage that made it, as :class:`SharedTaskStorage`'s.
+    A temporary folder recorded in a ``Manager().dict()`` lives as long as the Manager (as AWorld's rows did)
+    once a storage on that dict was built in the process that made the Manager; if none ever is, it stays
+    until removed by hand (it is named ``objectrl-tasks-*`` under the temporary directory; pass ``path`` to
+    choose it). With a plain ``dict`` it is removed with the storage that made it, as
+    :class:`SharedTaskStorage`'s.
 
     Raises:
         InvalidArgumentError: naming ``data_dict`` when it cannot record a folder (not a dict or a Manager's
@@ -84,6 +88,8 @@ class MultiProcMemoryStorage(SharedTaskStorage):
             if recorded != made and wanted is None:
                 os.rmdir(made)  # another process recorded its folder first
                 made = None
+            elif wanted is None:
+                data_dict[_TEMPORARY_KEY] = made  # any storage where the Manager lives may tie it to the Manager
         if not isinstance(recorded, str) or not recorded:
             raise InvalidArgumentError(f"data_dict[{FOLDER_KEY!r}] must be a folder path, got {_brief(recorded)}")
         if wanted is not None and os.path.abspath(wanted) != os.path.abspath(recorded):
@@ -98,14 +104,10 @@ class MultiProcMemoryStorage(SharedTaskStorage):
                     data_dict.pop(FOLDER_KEY, None)
                 shutil.rmtree(made, ignore_errors=True)
             raise
-        if made is not None and wanted is None:
-            self._tie_folder(data_dict, made)
-
-    def _tie_folder(self, data_dict: Any, made: str) -> None:
-        """Remove the temporary folder ``made`` with what holds the rows' meeting point in this process."""
         manager = getattr(data_dict, "_manager", None)  # set on a Manager's proxies where the Manager was made
         server = getattr(manager, "_process", None)
         if manager is not None and getattr(server, "_parent_pid", None) == os.getpid():
-            weakref.finalize(manager, _remove_folder, made, os.getpid())
-        elif isinstance(data_dict, dict):
+            if wanted is None and data_dict.get(_TEMPORARY_KEY) == recorded:  # made here or by another process
+                weakref.finalize(manager, _remove_folder, recorded, os.getpid())
+        elif made is not None and wanted is None and isinstance(data_dict, dict):
             weakref.finalize(self, _remove_folder, made, os.getpid())
