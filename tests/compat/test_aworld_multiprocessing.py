@@ -78,7 +78,7 @@ def _run(ctx: Any, handed: bool) -> tuple[list[str], list[Any], set[tuple[str, i
             p.start()
         for p in processes:
             p.join()
-        assert [p.exitcode for p in processes] == [0] * 5
+        assert [p.exitcode for p in processes] == [0] * 5, (list(errors), list(seen))
         stored = {(r.exp_meta.task_id, r.exp_meta.step) for r in replay_buffer.storage.get_all()}
         return list(errors), list(seen), stored
 
@@ -88,7 +88,7 @@ def test_writers_and_a_reader_share_the_rows(handed: bool) -> None:
     with deadline(60):
         errors, seen, stored = _run(CTX, handed)
     assert errors == []
-    assert sorted(task[0][0] for task in seen) == ["task_1", "task_2", "task_3", "task_4"]  # before: []
+    assert sorted(task[0][0] for task in seen) == ["task_1", "task_2", "task_3", "task_4"], (seen, stored)  # before: []
     assert all([step for _, step in task] == list(range(10)) for task in seen)  # whole tasks, by step
     assert stored == {(f"task_{t}", s) for t in range(1, 5) for s in range(10)}
 
