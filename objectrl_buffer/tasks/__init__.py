@@ -7,7 +7,7 @@ compiled to tensor masks, whole-task sampling and FIFO eviction, writers in many
 from objectrl_buffer.errors import QueryError
 
 from .buffer import TaskReplayBuffer
-from .query_filter import QueryBuilder, QueryCondition, compile_query
+from .query_filter import QueryBuilder, QueryCondition, QueryFilter, compile_query
 from .rows import DataRow, Experience, ExpMeta
 from .samplers import Converter, DefaultConverter, RandomTaskSample, Sampler, TaskSampler, TensorDictConverter
 from .storage import InMemoryStorage, MultiProcMemoryStorage, SharedTaskStorage, Storage
@@ -23,6 +23,7 @@ __all__ = [
     "DataRow",
     "QueryBuilder",
     "QueryCondition",
+    "QueryFilter",
     "QueryError",
     "compile_query",
     "Storage",

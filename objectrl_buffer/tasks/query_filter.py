@@ -21,9 +21,17 @@ import torch
 from objectrl_buffer.core.vocab import Vocab
 from objectrl_buffer.errors import QueryError
 
-from .rows import META_STRINGS, NUMERIC
+from .rows import META_STRINGS, NUMERIC, query_values
 
-__all__ = ["QueryBuilder", "QueryCondition", "BaseCondition", "LogicalCondition", "compile_query", "resolve_field"]
+__all__ = [
+    "QueryBuilder",
+    "QueryFilter",
+    "QueryCondition",
+    "BaseCondition",
+    "LogicalCondition",
+    "compile_query",
+    "resolve_field",
+]
 
 
 class BaseCondition(TypedDict, total=False):
@@ -355,3 +363,59 @@ def compile_query(cond: QueryCondition | None, columns: Columns) -> torch.Tensor
     if not cond:
         return torch.ones(columns.n, dtype=torch.bool)
     return _evaluate(cond, columns)
+
+
+class _RowColumns:
+    """The :class:`Columns` of a list of rows, built for one filter call (what a task table holds, unstored)."""
+
+    def __init__(self, rows: list[Any]) -> None:
+        values = [query_values(r) for r in rows]
+        self._n = len(rows)
+        self.vocabs = {name: Vocab() for name in META_STRINGS}
+        width = len(META_STRINGS)
+        columns = list(zip(*values, strict=True)) or [() for _ in META_STRINGS + NUMERIC]
+        self._codes = {
+            name: torch.tensor(self.vocabs[name].codes(columns[j]), dtype=torch.int64)
+            for j, name in enumerate(META_STRINGS)
+        }
+        self._numbers = {name: torch.tensor(columns[width + j], dtype=torch.float64) for j, name in enumerate(NUMERIC)}
+
+    @property
+    def n(self) -> int:
+        return self._n
+
+    def string_column(self, name: str) -> tuple[torch.Tensor, Vocab]:
+        return self._codes[name], self.vocabs[name]
+
+    def number_column(self, name: str) -> torch.Tensor:
+        return self._numbers[name]
+
+
+class QueryFilter:
+    """AWorld's ``QueryFilter``: a built query applied to rows in hand, with the semantics of a storage's query
+    (the module docstring), so ``QueryFilter(q).filter(rows)`` keeps exactly the rows ``storage.get_all(q)``
+    would return from storing them.
+
+    Args:
+        query_condition: a built query (``QueryBuilder().eq(...).build()``); ``None`` or ``{}`` keeps every row.
+
+    Unlike AWorld's, a malformed query (unknown operator or field) raises
+    :class:`~objectrl_buffer.errors.QueryError` instead of matching nothing, ``is_null``/``is_not_null`` work,
+    ``like`` is SQL LIKE, and ordering a missing number is False instead of a ``TypeError``.
+    """
+
+    def __init__(self, query_condition: QueryCondition | None) -> None:
+        self.query_condition = query_condition
+
+    def check_condition(self, row: Any) -> bool:
+        """Whether ``row`` (a :class:`~objectrl_buffer.tasks.DataRow`) matches. Raises QueryError for a malformed
+        query and, for a row the storage would refuse, the storage's error naming the field."""
+        return bool(self.filter([row]))
+
+    def filter(self, rows: Iterable[Any]) -> list[Any]:
+        """The rows of ``rows`` that match, in order (the same objects, not copies)."""
+        found = list(rows)
+        if not self.query_condition:
+            return found
+        mask = compile_query(self.query_condition, _RowColumns(found)).tolist()
+        return [r for r, keep in zip(found, mask, strict=True) if keep]

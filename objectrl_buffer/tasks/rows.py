@@ -37,6 +37,7 @@ __all__ = [
     "META_STRINGS",
     "NUMERIC",
     "normalize_row",
+    "query_values",
     "row_list",
     "encode_record",
     "decode_record",
@@ -277,23 +278,9 @@ def _form(value: Any, where: str) -> Any:
         return json_form(value, where)
 
 
-def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
-    """Check ``row`` and return (the row as stored, its column values ``META_STRINGS + NUMERIC`` as
-    ``(str|None)*4 + (float)*5``, NaN for a missing number). Never changes ``row``.
-
-    ``step`` and ``execute_time`` may be NumPy scalars or 0-d real tensors: the stored row holds their
-    Python number (``item()``).
-
-    Raises:
-        InvalidArgumentError: ``row`` is None or has no ``exp_meta`` (AWorld's messages, and ValueErrors as
-            AWorld's are).
-        InvalidTypeError: a meta field of the wrong type (a bool ``step``, a str ``execute_time``, a 1-element
-            tensor), a payload value that cannot be stored (``object()``, a complex number, nesting deeper
-            than 65 levels), a ``DataRow.id`` that is not a str; each named. An ``InvalidArgumentError`` that
-            is also the ``TypeError`` earlier releases raised.
-        InvalidArgumentError: a ``step`` no int64 holds (NaN, inf, ``1e300``, ``2**70``), a number no float64
-            holds (``10**400``), a tensor on the meta device, sparse or quantized (named).
-    """
+def _checked_meta(row: Any) -> tuple[Any, ...]:
+    """``row``'s six ``exp_meta`` fields, checked (see :func:`normalize_row` for the errors), numbers as plain
+    ``int``/``float``."""
     if row is None:
         raise InvalidArgumentError("Data is required: data is None, not a DataRow")
     meta = getattr(row, "exp_meta", None)
@@ -316,6 +303,39 @@ def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
         step = _meta_number(step, "step")
     if type(when) not in _NUMBER:
         when = _meta_number(when, "execute_time")
+    return task_id, name, agent, pre, step, when
+
+
+def query_values(row: Any) -> tuple[Any, ...]:
+    """``row``'s values of the query columns (``META_STRINGS + NUMERIC``, NaN for a missing number), checked
+    as :func:`normalize_row` checks them, without touching the payload (state, actions, messages)."""
+    task_id, name, agent, pre, step, when = _checked_meta(row)
+    data = getattr(row, "exp_data", None)
+    reward, adv, v = (
+        x if type(x) in _PLAIN else _form(x, f"exp_data.{n}")  # as stored: a 1-element array counts as its number
+        for n, x in ((n, getattr(data, n, None)) for n in _DATA_NUMERIC)
+    )
+    return _column_values(task_id, name, agent, pre, step, when, reward, adv, v)
+
+
+def normalize_row(row: Any) -> tuple[DataRow, tuple[Any, ...]]:
+    """Check ``row`` and return (the row as stored, its column values ``META_STRINGS + NUMERIC`` as
+    ``(str|None)*4 + (float)*5``, NaN for a missing number). Never changes ``row``.
+
+    ``step`` and ``execute_time`` may be NumPy scalars or 0-d real tensors: the stored row holds their
+    Python number (``item()``).
+
+    Raises:
+        InvalidArgumentError: ``row`` is None or has no ``exp_meta`` (AWorld's messages, and ValueErrors as
+            AWorld's are).
+        InvalidTypeError: a meta field of the wrong type (a bool ``step``, a str ``execute_time``, a 1-element
+            tensor), a payload value that cannot be stored (``object()``, a complex number, nesting deeper
+            than 65 levels), a ``DataRow.id`` that is not a str; each named. An ``InvalidArgumentError`` that
+            is also the ``TypeError`` earlier releases raised.
+        InvalidArgumentError: a ``step`` no int64 holds (NaN, inf, ``1e300``, ``2**70``), a number no float64
+            holds (``10**400``), a tensor on the meta device, sparse or quantized (named).
+    """
+    task_id, name, agent, pre, step, when = _checked_meta(row)
     data = getattr(row, "exp_data", None)
     # payload fields: JSON-native scalars as they are, containers by the plain_copy walk, the rest json_form
     try:

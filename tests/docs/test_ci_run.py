@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_ci(tmp_path: Path, *, uid: int, chromium: bool, sudo: bool) -> list[str]:
+def run_ci(tmp_path: Path, *, uid: int, chromium: bool, sudo: bool, redis: bool = True) -> list[str]:
     """Runs .ci/run with only the stand-ins on PATH; returns the commands they logged."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -29,6 +29,8 @@ def run_ci(tmp_path: Path, *, uid: int, chromium: bool, sudo: bool) -> list[str]
     }
     if chromium:
         stand_ins["chromium"] = "true"
+    if redis:
+        stand_ins["redis-server"] = "true"
     if sudo:
         stand_ins["sudo"] = f'if [ "$1" = -n ]; then shift; fi; echo "sudo $*" >> {log}; {shutil.which("env")} "$@"'
         stand_ins["true"] = "exit 0"
@@ -60,4 +62,13 @@ def test_ci_installs_chromium_only_when_missing_and_allowed(
 ) -> None:
     logged = run_ci(tmp_path, uid=uid, chromium=chromium, sudo=sudo)
     assert ("apt-get install -y chromium" in logged) == installs
+    assert logged[-1] == "make test CI=1 TORCH_INDEX="
+
+
+@pytest.mark.skipif(os.name != "posix", reason="bash script")
+@pytest.mark.parametrize(("uid", "sudo"), [(0, False), (1000, True)], ids=["root", "sudo"])
+def test_ci_installs_redis_server_when_missing(tmp_path: Path, uid: int, sudo: bool) -> None:
+    logged = run_ci(tmp_path, uid=uid, chromium=True, sudo=sudo, redis=False)
+    assert "apt-get install -y redis-server" in logged
+    assert "apt-get install -y chromium" not in logged
     assert logged[-1] == "make test CI=1 TORCH_INDEX="
