@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 import weakref
 from typing import Any
 
 from objectrl_buffer.core.validate import _brief, folder
 from objectrl_buffer.errors import InvalidArgumentError
+from objectrl_buffer.storage import shm_files
 
 from .shared import SharedTaskStorage
 
@@ -53,8 +53,9 @@ class MultiProcMemoryStorage(SharedTaskStorage):
 
     A temporary folder recorded in a ``Manager().dict()`` lives as long as the Manager (as AWorld's rows did)
     once a storage on that dict was built in the process that made the Manager; if none ever is, it stays
-    until removed by hand (it is named ``objectrl-tasks-*`` under the temporary directory; pass ``path`` to
-    choose it). With a plain ``dict`` it is removed with the storage that made it, as
+    until ``objectrl-buffer clean`` removes it once no process uses it (it is named
+    ``objectrl-tasks-<pid>-*`` under the temporary directory; pass ``path`` to choose it). With a plain
+    ``dict`` it is removed with the storage that made it, as
     :class:`SharedTaskStorage`'s.
 
     Raises:
@@ -83,7 +84,7 @@ class MultiProcMemoryStorage(SharedTaskStorage):
         recorded = data_dict.get(FOLDER_KEY)
         made = None
         if recorded is None:
-            made = tempfile.mkdtemp(prefix="objectrl-tasks-") if wanted is None else wanted
+            made = shm_files.new_folder(shm_files.TASKS_PREFIX) if wanted is None else wanted
             recorded = data_dict.setdefault(FOLDER_KEY, made)  # one call to the Manager: the first writer wins
             if recorded != made and wanted is None:
                 os.rmdir(made)  # another process recorded its folder first
