@@ -139,9 +139,7 @@ def sample_n(buffer: Any, calls: int) -> None:
         buffer.sample(256)
 
 
-def one_round(
-    args: argparse.Namespace, upstream: Any, rounds: Rounds, adds: list[Any], work: str, r: int
-) -> None:
+def one_round(args: argparse.Namespace, upstream: Any, rounds: Rounds, adds: list[Any], work: str, r: int) -> None:
     """Adds (without, then with saving) and samples (cache on, then off), ours and rlinf's."""
     n, calls, off = len(adds), args.sample_calls, args.sample_calls_off
     ours_dir, theirs_dir = os.path.join(work, f"ours{r}"), os.path.join(work, f"theirs{r}")
