@@ -7,12 +7,12 @@ checkpoints are asked for, one :class:`~.coordinator.Coordinator` actor. Payload
 
 * Writes go to the shards in turn (``add``, ``add_batch``); :meth:`RemoteBuffer.writer` batches single adds
   client-side (:class:`~.writer.Writer`, in :mod:`.writer`) into preallocated columns, with at most
-  ``max_in_flight`` batches on their way. Every write carries ``(stream id, seq)``: a write retried after a
-  shard restart is stored exactly once, and so is each acknowledged write of threads sharing one handle
-  (each call in flight has a stream of its own, see ``RemoteBuffer._take``) or one :class:`Writer` (its calls
-  take turns on a lock). A writer on a shard's own node keeps its columns in files of its own in ``/dev/shm`` and sends that shard only a small
-  :class:`~.shard.SharedRows` descriptor: the shard copies the rows straight from its mapping of the files
-  (no serialization, no object store).
+  ``max_in_flight`` batches on their way. Every write carries ``(stream id, seq)``: a write retried after a shard
+  restart is stored exactly once, and so is each acknowledged write of threads sharing one handle (each call in
+  flight has a stream of its own, see ``RemoteBuffer._take``) or one :class:`Writer` (its calls take turns on a
+  lock). A writer on a shard's own node keeps its columns in files of its own in ``/dev/shm`` and sends that shard
+  only a small :class:`~.shard.SharedRows` descriptor: the shard copies the rows straight from its mapping of the
+  files (no serialization, no object store).
 * :meth:`RemoteBuffer.sample_batch` is one round trip: every non-empty shard draws ``batch_size`` rows by its
   own rule and reports its mass (rows; prioritized: ``sum (p + eps) ** alpha``), the handle splits the batch by
   a multinomial draw proportional to the masses and keeps that many of each shard's rows: every row has
@@ -31,6 +31,7 @@ checkpoints are asked for, one :class:`~.coordinator.Coordinator` actor. Payload
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -460,9 +461,20 @@ class RemoteBuffer:
         """``buffer.<name>(*args, **kwargs)`` on every shard; their results."""
         return list(self.retry(name, lambda: [s.call.remote(name, *args, **kwargs) for s in self.shards]))
 
-    def kill(self) -> None:
-        """Stop the shard actors (and the coordinator) for good."""
+    def kill(self, close_timeout_s: float = 30.0) -> None:
+        """Close every shard's buffer, then stop the shard actors (and the coordinator) for good.
+
+        Closing frees each shard's storage: its folder under ``storage_dir`` (or ``/dev/shm``) and the files in
+        it go. A shard that has not closed within ``close_timeout_s`` (dead, or busy) is killed as it is; its
+        folder is then an orphan whose lock the kernel freed, removed by ``objectrl-buffer clean`` or the next
+        buffer's sweep of that folder.
+        """
         ray = _ray()
+        closing = [shard.close.remote() for shard in self.shards]
+        ray.wait(closing, num_returns=len(closing), timeout=close_timeout_s)
+        for ref in closing:
+            with contextlib.suppress(ray.exceptions.RayError):  # GetTimeoutError too: killed as it is
+                ray.get(ref, timeout=0)
         for actor in [*self.shards, *([self.coordinator] if self.coordinator is not None else [])]:
             ray.kill(actor, no_restart=True)
 

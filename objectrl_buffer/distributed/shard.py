@@ -497,6 +497,15 @@ class Shard:
         os.replace(path + ".tmp", path)
         self.journal = open(path, "a", buffering=1)  # noqa: SIM115
 
+    def close(self) -> None:
+        """Free the buffer's storage (its folder and files go) and close the journal: the actor is about to be
+        killed for good (:meth:`RemoteBuffer.kill <objectrl_buffer.distributed.remote.RemoteBuffer.kill>`)."""
+        self.mapped.clear()
+        self.buffer.close()
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
+
     # ------------------------------------------------------------------ anything else
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.buffer, name)(*args, **kwargs)
