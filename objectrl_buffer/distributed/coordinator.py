@@ -18,17 +18,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import os
 import threading
 import time
 from typing import Any
 
 from objectrl_buffer.distributed.cut import generation_folder, prune, read_manifest, write_manifest
-from objectrl_buffer.errors import RateLimitDeadlock, RateLimitTimeout, ReplayBufferError
+from objectrl_buffer.errors import CheckpointError, RateLimitDeadlock, RateLimitTimeout, ReplayBufferError
 from objectrl_buffer.flow.limiter import RateLimiter
 
 __all__ = ["Coordinator"]
+
+logger = logging.getLogger(__name__)
+
+
+def _age(when: float | None) -> str:
+    return "none yet" if when is None else f"{max(0.0, time.time() - when):.1f} s ago"
 
 
 class Coordinator:
@@ -50,6 +58,7 @@ class Coordinator:
         every_s: float | None = None,
         keep_last: int = 2,
         resume: bool = False,
+        max_failed_cuts: int = 3,
     ) -> None:
         import ray
 
@@ -61,6 +70,11 @@ class Coordinator:
         self.generation = 0
         self.kept: list[int] = []
         self.gate = threading.Lock()  # held by a cut: admissions wait for it
+        self.max_failed_cuts = max_failed_cuts
+        self.failed_cuts = 0  # cuts that failed, ever (this actor's lifetime)
+        self.failing = 0  # failed in a row since the last good one
+        self.last_good: float | None = None  # wall time of the last good cut (the manifest's, after a restart)
+        self.last_error: str | None = None
         if root is not None:
             os.makedirs(root, exist_ok=True)
             manifest = read_manifest(root)
@@ -71,6 +85,7 @@ class Coordinator:
 
     def _adopt(self, manifest: dict[str, Any]) -> None:
         self.generation = manifest["generation"]
+        self.last_good = manifest.get("time")
         self.kept = list(manifest.get("kept", [self.generation]))
         self.rows = list(manifest["rows"])
         values = manifest.get("limiter")
@@ -81,10 +96,29 @@ class Coordinator:
     def _every(self, every_s: float) -> None:
         while True:
             time.sleep(every_s)
-            try:
+            with contextlib.suppress(Exception):  # counted and logged by checkpoint()
                 self.checkpoint()
-            except Exception:
-                continue
+
+    def _refuse_if_failing(self) -> CheckpointError | None:
+        """The error every admission answers once ``max_failed_cuts`` cuts failed in a row (else ``None``)."""
+        if self.failing < self.max_failed_cuts:
+            return None
+        return CheckpointError(
+            f"remote buffer: the last {self.failing} checkpoint cuts failed ({self.last_error}); last good cut: "
+            f"{_age(self.last_good)}. Writes and samples are refused until a cut succeeds (handle.checkpoint())"
+        )
+
+    def cut_status(self) -> dict[str, Any]:
+        """``failed_cuts`` (ever, this actor), ``failing`` (in a row), ``last_cut_age_s`` (seconds since the last
+        good cut, ``None``: none yet), ``last_error`` (of the last failed cut) and ``max_failed_cuts``."""
+        age = None if self.last_good is None else max(0.0, time.time() - self.last_good)
+        return {
+            "failed_cuts": self.failed_cuts,
+            "failing": self.failing,
+            "last_cut_age_s": age,
+            "last_error": self.last_error,
+            "max_failed_cuts": self.max_failed_cuts,
+        }
 
     # ------------------------------------------------------------------ rate limiting
     def admit_insert(self, shard: int, n: int, timeout: float | None) -> bool:
@@ -95,6 +129,9 @@ class Coordinator:
         """
         with self.gate:
             pass
+        refused = self._refuse_if_failing()
+        if refused is not None:
+            raise refused
         if self.limiter is not None and n > 0:
             self.limiter.insert(n, timeout)
             held = self.rows[shard] + n
@@ -113,6 +150,9 @@ class Coordinator:
         """
         with self.gate:
             pass
+        refused = self._refuse_if_failing()
+        if refused is not None:
+            return refused
         if self.limiter is not None:
             try:
                 self.limiter.sample(n, timeout)
@@ -129,7 +169,27 @@ class Coordinator:
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint(self) -> int:
-        """Take one consistent cut of every shard and the limiter (see the module docs); its generation."""
+        """Take one consistent cut of every shard and the limiter (see the module docs); its generation.
+
+        A failed cut is counted (:meth:`cut_status`), logged as a warning, and raised."""
+        try:
+            generation = self._cut()
+        except Exception as exc:
+            self.failed_cuts += 1
+            self.failing += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            logger.warning(
+                "remote buffer: checkpoint cut failed (%d in a row, %d in all; last good cut: %s): %s",
+                self.failing,
+                self.failed_cuts,
+                _age(self.last_good),
+                self.last_error,
+            )
+            raise
+        self.failing, self.last_good, self.last_error = 0, time.time(), None
+        return generation
+
+    def _cut(self) -> int:
         import ray
 
         assert self.root is not None
@@ -139,7 +199,8 @@ class Coordinator:
             limiter = self.limiter.state()[1] if self.limiter is not None else {}
             rows = ray.get([shard.checkpoint.remote(generation) for shard in self.shards])
             kept = [*self.kept, generation][-self.keep_last :]
-            write_manifest(self.root, {"generation": generation, "rows": rows, "limiter": limiter, "kept": kept})
+            manifest = {"generation": generation, "rows": rows, "limiter": limiter, "kept": kept, "time": time.time()}
+            write_manifest(self.root, manifest)
             self.generation, self.kept = generation, kept
             ray.get([shard.commit.remote(generation) for shard in self.shards])
         prune(self.root, set(kept))

@@ -32,9 +32,11 @@ checkpoints are asked for, one :class:`~.coordinator.Coordinator` actor. Payload
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 import uuid
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -56,7 +58,13 @@ from objectrl_buffer.distributed.shard import (
     unpack,
 )
 from objectrl_buffer.distributed.writer import Writer
-from objectrl_buffer.errors import BufferUnavailable, EmptyBufferError, InvalidArgumentError, ReplayBufferError
+from objectrl_buffer.errors import (
+    BufferUnavailable,
+    CheckpointError,
+    EmptyBufferError,
+    InvalidArgumentError,
+    ReplayBufferError,
+)
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.flow.limiter import RateLimiter
 from objectrl_buffer.storage.table import make_tensordict
@@ -82,8 +90,14 @@ class RemoteBuffer:
         limited: bool = False,
         num_envs: int = 1,
         retry_timeout_s: float = 30.0,
+        max_failed_cuts: int = 3,
     ) -> None:
         self.shards, self.capacity, self.beta = shards, capacity, beta
+        self.max_failed_cuts = max_failed_cuts
+        self._cuts_ref: Any = None  # a cut_status() call on its way (see _check_cuts)
+        self._cuts_asked = -math.inf  # when it was sent (time.monotonic())
+        self._cuts: dict[str, Any] = {}  # the last cut status seen
+        self._warned_failures = 0  # failed cuts already warned about
         self.coordinator, self.limited, self.num_envs = coordinator, limited, num_envs
         self.retry_timeout_s = retry_timeout_s
         self.generator = torch.Generator()
@@ -113,6 +127,7 @@ class RemoteBuffer:
         max_restarts: int = 3,
         retry_timeout_s: float = 30.0,
         actor_options: Mapping[str, Any] | None = None,
+        max_failed_cuts: int = 3,
         **kwargs: Any,
     ) -> RemoteBuffer:
         """Start ``num_shards`` actors holding ``buffer_cls(*args, **kwargs)`` each (``seed`` differs per shard).
@@ -127,6 +142,9 @@ class RemoteBuffer:
             retry_timeout_s: how long a call retries a dead shard before
                 :class:`~objectrl_buffer.errors.BufferUnavailable`.
             actor_options: Ray options of the shard actors (default ``{"num_cpus": 0}``).
+            max_failed_cuts: after this many checkpoint cuts failed in a row, writes and samples raise
+                :class:`~objectrl_buffer.errors.CheckpointError` until a cut succeeds (each failure is also
+                counted in :meth:`checkpoint_status` and warned about in the driver).
 
         Raises:
             ImportError: Ray is not installed. InvalidArgumentError: a bad argument, named.
@@ -135,6 +153,7 @@ class RemoteBuffer:
         n = positive_int(num_shards, "num_shards")
         keep = positive_int(keep_last, "keep_last")
         retry_s = real_in(retry_timeout_s, "retry_timeout_s", 0.0, float("inf"))
+        max_failed = positive_int(max_failed_cuts, "max_failed_cuts")
         if checkpoint_every_s is not None:
             if checkpoint_path is None:
                 raise InvalidArgumentError("checkpoint_every_s needs a checkpoint_path")
@@ -157,7 +176,9 @@ class RemoteBuffer:
         coordinator = None
         if rate_limiter is not None or root is not None:
             coord = ray.remote(Coordinator).options(num_cpus=0, max_concurrency=64, max_restarts=max_restarts)
-            coordinator = coord.remote(shards, rate_limiter, int(capacity), root, checkpoint_every_s, keep, resume)
+            coordinator = coord.remote(
+                shards, rate_limiter, int(capacity), root, checkpoint_every_s, keep, resume, max_failed
+            )
             ray.get(coordinator.counters.remote())  # started (and resumed) before the first write
         return cls(
             shards,
@@ -168,6 +189,7 @@ class RemoteBuffer:
             limited=rate_limiter is not None,
             num_envs=int(num_envs),
             retry_timeout_s=retry_s,
+            max_failed_cuts=max_failed,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -176,6 +198,7 @@ class RemoteBuffer:
             "limited": self.limited,
             "num_envs": self.num_envs,
             "retry_timeout_s": self.retry_timeout_s,
+            "max_failed_cuts": self.max_failed_cuts,
         }
         return (_rebuild, (self.shards, self.capacity, self.beta, settings))
 
@@ -254,6 +277,7 @@ class RemoteBuffer:
 
     def admission(self, shard: int, rows: int, timeout: float | None) -> Any:
         """The limiter's admission ref of ``rows`` bound for ``shard`` (``None`` without a limiter)."""
+        self.check_cuts()
         if not self.limited:
             return None
         return self.coordinator.admit_insert.remote(shard, rows, timeout)
@@ -310,6 +334,7 @@ class RemoteBuffer:
 
     def submit_sample(self, batch_size: int, timeout: float | None = None) -> list[Any]:
         """The refs of one :meth:`sample_batch` (see :meth:`finish_sample`): admission, then each shard's draw."""
+        self.check_cuts()
         admitted = self.coordinator.admit_sample.remote(batch_size, timeout) if self.limited else None
         return [shard.sample.remote(batch_size, admitted) for shard in self.shards]
 
@@ -445,6 +470,64 @@ class RemoteBuffer:
             raise InvalidArgumentError("checkpoint: launch the buffer with checkpoint_path=...")
         return int(self.retry("checkpoint", lambda: self.coordinator.checkpoint.remote()))
 
+    def checkpoint_status(self) -> dict[str, Any]:
+        """How the checkpoint cuts fare: ``failed_cuts`` (failed since the coordinator started), ``failing`` (in a
+        row), ``last_cut_age_s`` (seconds since the last good cut; ``None``: none yet), ``last_error`` and
+        ``max_failed_cuts`` (empty without a coordinator). A failure not seen before is warned about here too.
+
+        Raises:
+            CheckpointError: ``max_failed_cuts`` cuts failed in a row (see :meth:`launch`).
+        """
+        if self.coordinator is None:
+            return {}
+        status = dict(self.retry("checkpoint_status", lambda: self.coordinator.cut_status.remote()))
+        self._cuts_ref, self._cuts_asked = None, time.monotonic()
+        self._saw_cuts(status)
+        return status
+
+    def check_cuts(self) -> None:
+        """What each write and sample calls: read the coordinator's cut status when its answer has come (never
+        waiting for it; asked again at most once a second), warn about new failures, and refuse the call once
+        ``max_failed_cuts`` cuts failed in a row.
+
+        Raises:
+            CheckpointError: see :meth:`checkpoint_status`.
+        """
+        if self.coordinator is None:
+            return
+        ray = _ray()
+        if self._cuts_ref is not None and ray.wait([self._cuts_ref], timeout=0)[0]:
+            ref, self._cuts_ref = self._cuts_ref, None
+            try:
+                status = ray.get(ref)
+            except ray.exceptions.RayError:  # the coordinator is restarting: asked again later
+                status = None
+            if status is not None:
+                self._cuts = status
+        if self._cuts_ref is None and time.monotonic() - self._cuts_asked >= 1.0:
+            self._cuts_ref, self._cuts_asked = self.coordinator.cut_status.remote(), time.monotonic()
+        self._saw_cuts(self._cuts)
+
+    def _saw_cuts(self, status: dict[str, Any]) -> None:
+        self._cuts = status
+        failed = int(status.get("failed_cuts", 0))
+        if failed < self._warned_failures:  # a restarted coordinator counts from 0
+            self._warned_failures = 0
+        if failed > self._warned_failures:
+            self._warned_failures = failed
+            warnings.warn(
+                f"remote buffer: {failed} checkpoint cut(s) failed ({status.get('failing')} in a row, last good cut "
+                f"{_age(status.get('last_cut_age_s'))}): {status.get('last_error')}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        if int(status.get("failing", 0)) >= self.max_failed_cuts:
+            raise CheckpointError(
+                f"remote buffer: the last {status.get('failing')} checkpoint cuts failed "
+                f"({status.get('last_error')}; last good cut {_age(status.get('last_cut_age_s'))}): "
+                "writes and samples are refused until a cut succeeds (handle.checkpoint())"
+            )
+
     def limiter_counters(self) -> dict[str, int]:
         """The shared limiter's ``inserts``, ``samples``, ``deletes`` (empty without one)."""
         if self.coordinator is None:
@@ -477,6 +560,10 @@ class RemoteBuffer:
                 ray.get(ref, timeout=0)
         for actor in [*self.shards, *([self.coordinator] if self.coordinator is not None else [])]:
             ray.kill(actor, no_restart=True)
+
+
+def _age(seconds: float | None) -> str:
+    return "none yet" if seconds is None else f"{seconds:.1f} s ago"
 
 
 def _get_all(refs: list[Any]) -> list[Any]:

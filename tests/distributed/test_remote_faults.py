@@ -4,6 +4,7 @@ a Writer never forgets a row it accepted, and the coordinator's restarts (retrie
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.distributed.remote import RemoteBuffer
+from objectrl_buffer.errors import CheckpointError
 from objectrl_buffer.storage.folders import PREFIX
 from tests.support import rows
 
@@ -44,3 +46,34 @@ def test_kill_removes_the_shards_storage_folders(local_ray: None, tmp_path: Any)
     assert len([n for n in os.listdir(storage) if n.startswith(PREFIX)]) == 1  # the shard's folder
     remote.kill()
     assert os.listdir(storage) == []
+
+
+def test_failing_automatic_cuts_are_counted_warned_about_and_then_refuse_calls(local_ray: None, tmp_path: Any) -> None:
+    """Bug 6: automatic cuts that fail are counted, their age and error reported, warned about in the driver,
+    and after ``max_failed_cuts`` failures in a row every write and sample raises until a cut succeeds.
+    (Before: ``except Exception: continue``, nothing seen anywhere.)"""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    blocker = root / "gen-000000000001"
+    blocker.write_text("a file where the first cut's folder goes: every cut fails")
+    remote = launch(100, 1, tmp_path / "s", checkpoint_path=str(root), checkpoint_every_s=0.05, max_failed_cuts=3)
+    remote.add_batch(rows(0, 5))
+    deadline = time.monotonic() + 60
+    with pytest.warns(RuntimeWarning, match="checkpoint cut"), pytest.raises(CheckpointError, match="3 checkpoint"):
+        while time.monotonic() < deadline:  # the third failure in a row makes checkpoint_status() raise
+            status = remote.checkpoint_status()
+            assert status["last_cut_age_s"] is None and status["failing"] < 3
+            time.sleep(0.05)
+    with pytest.raises(CheckpointError, match="cuts failed"):
+        remote.add_batch(rows(5, 1))
+    with pytest.raises(CheckpointError, match="cuts failed"):
+        remote.sample_batch(1)
+    status = ray.get(remote.coordinator.cut_status.remote())
+    assert status["failed_cuts"] >= 3 and "FileExistsError" in status["last_error"]
+    blocker.unlink()
+    assert remote.checkpoint() == 1  # a good cut: calls go through again
+    status = remote.checkpoint_status()
+    assert status["failing"] == 0 and status["last_cut_age_s"] is not None
+    remote.add_batch(rows(5, 1))
+    assert len(remote) == 6
+    remote.kill()
