@@ -33,7 +33,7 @@ from objectrl_buffer.distributed.shard import (
     flat,
     to_numpy,
 )
-from objectrl_buffer.errors import InvalidArgumentError, ReplayBufferError
+from objectrl_buffer.errors import BufferUnavailable, InvalidArgumentError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.storage.fast_write import FastWriter
 from objectrl_buffer.storage.folders import make_owned, sweep_once
@@ -128,6 +128,12 @@ class Writer:
     as that call would wait alone), so every row an ``add`` accepted is sent once, in one stream of seqs
     (the lock costs ~0.1-0.2 us an ``add``). A writer per thread never waits for another thread's send.
 
+    A writer never forgets a row it accepted: when a shard stays unreachable past ``retry_timeout_s``, the call
+    that found out raises :class:`~objectrl_buffer.errors.BufferUnavailable` and every batch not acknowledged
+    is kept (counted by :attr:`undelivered` and the exception's ``undelivered_rows``); the next ``add``,
+    :meth:`flush` or :meth:`close` sends them again first, in order (each stored once), and ``flush`` and
+    ``close`` raise while any are left.
+
     ``flush_every_s`` is checked at each ``add`` (a writer that stops adding sends its pending rows at
     :meth:`flush` or on leaving its ``with`` block).
 
@@ -206,6 +212,8 @@ class Writer:
             self.filled = i + 1
             if self.filled >= self.batch_size or time.monotonic() >= self.deadline:
                 self._send()
+        except BufferUnavailable as exc:
+            raise self._held(exc) from None
         finally:
             lock.release()
 
@@ -233,8 +241,11 @@ class Writer:
         at most ``max_in_flight`` batches are on their way."""
         data = to_numpy(batch)
         with self._lock:
-            self._send()
-            self._dispatch(data, None)
+            try:
+                self._send()
+                self._dispatch(data, None)
+            except BufferUnavailable as exc:
+                raise self._held(exc) from None
 
     def _new_set(self) -> _Columns:
         """A fresh column set: in this writer's files when a shard shares its node, else plain memory."""
@@ -304,8 +315,10 @@ class Writer:
         self.write_row = self.batch.write_row
 
     def _dispatch(self, batch: dict[str, Any], columns: _Columns | None) -> None:
-        while len(self.in_flight) >= self.max_in_flight:
-            self._settle()  # bounded: no refs pile up
+        # bounded (no refs pile up), and batches waiting to be sent again go first: a later seq stored before them
+        # would make the shard take them for retries of applied writes
+        while self.in_flight and (len(self.in_flight) >= self.max_in_flight or self.in_flight[0][0] is None):
+            self._settle()
         remote = self.remote
         shard = remote.next_shard()
         admitted = remote.admission(shard, batch_rows(batch, remote.num_envs), None)
@@ -331,9 +344,13 @@ class Writer:
         batch again, in order (shards that stored one already acknowledge it without storing it twice).
 
         Raises:
-            BufferUnavailable: the shard did not come back (see :meth:`RemoteBuffer.retry`).
+            BufferUnavailable: the shard did not come back (see :meth:`RemoteBuffer.retry`): every batch in
+                flight is kept, to be sent again by the next send (see :attr:`undelivered`).
         """
         ray = _ray()
+        if self.in_flight[0][0] is None:  # kept after an earlier BufferUnavailable
+            self._resend()
+            return
         try:
             written = ray.get(self.in_flight[0][0])
         except ray.exceptions.RayActorError:
@@ -352,16 +369,44 @@ class Writer:
 
     def _resend(self) -> None:
         """Send every batch in flight again, in order, once the oldest is stored (see :meth:`_settle`)."""
-        old = list(self.in_flight)
-        self.in_flight.clear()
-        while True:
-            old = [self._as_rows(entry) for entry in old]
-            if self.remote.retry("writer batch", functools.partial(self._submit, old[0])) != MISSING:
-                break
-            self.local[old[0][1]] = False  # restarted where the files are not
-        self.in_flight.extend((self._submit(entry), *entry[1:]) for entry in old[1:])
+        old = [(None, *entry[1:]) for entry in self.in_flight]
+        self.in_flight = deque(old)  # kept as they are until the first is stored (see undelivered)
+        try:
+            while True:
+                old = [self._as_rows(entry) for entry in old]
+                self.in_flight = deque(old)
+                if self.remote.retry("writer batch", functools.partial(self._submit, old[0])) != MISSING:
+                    break
+                self.local[old[0][1]] = False  # restarted where the files are not
+        except BufferUnavailable:  # all kept; counted by the public call (_held)
+            raise
+        except BaseException:  # the first batch refused (or interrupted): the later ones go with the next send
+            self._done()
+            raise
+        self.in_flight = deque((self._submit(entry), *entry[1:]) for entry in old[1:])
         if old[0][5] is not None:
             self.spare.append(old[0][5])
+
+    def _held(self, exc: BufferUnavailable) -> BufferUnavailable:
+        """``exc`` with the count of rows this writer holds undelivered (what a public call raises)."""
+        undelivered = self.undelivered
+        error = BufferUnavailable(
+            f"{str(exc).splitlines()[0]} ... this writer holds {undelivered} rows it accepted and could not deliver "
+            "(writer.undelivered): its next add, flush or close sends them again, each stored once"
+        )
+        error.undelivered_rows = undelivered
+        return error
+
+    @property
+    def undelivered(self) -> int:
+        """Rows this writer accepted (``add``, ``add_batch``) that no shard has acknowledged yet: queued, on their
+        way, or kept after a :class:`~objectrl_buffer.errors.BufferUnavailable` to be sent again. ``0`` after a
+        :meth:`flush` or :meth:`close` that returned."""
+        rows = self.filled
+        for entry in self.in_flight:
+            payload = entry[3]
+            rows += payload.rows if isinstance(payload, SharedRows) else batch_rows(payload, self.remote.num_envs)
+        return rows
 
     def _as_rows(self, entry: tuple[Any, int, int, Any, Any, _Columns | None]) -> tuple[Any, ...]:
         """``entry`` with its rows instead of a descriptor when its shard no longer sees this writer's files."""
@@ -371,9 +416,18 @@ class Writer:
         return entry
 
     def flush(self) -> None:
-        """Send what is pending and wait until every batch is stored."""
+        """Send what is pending and wait until every batch is stored.
+
+        Raises:
+            BufferUnavailable: a shard stayed unreachable; the rows not delivered are kept (:attr:`undelivered`,
+                also the exception's ``undelivered_rows``) and sent again by the next ``add``, ``flush`` or
+                ``close``. Anything a shard refused (as ``add``).
+        """
         with self._lock:
-            self._flush()
+            try:
+                self._flush()
+            except BufferUnavailable as exc:
+                raise self._held(exc) from None
 
     def _flush(self) -> None:
         self._send()
@@ -382,22 +436,28 @@ class Writer:
 
     def close(self) -> None:
         """:meth:`flush`, then let the shards drop their mappings of this writer's files and remove them.
-        The writer stays usable, its later batches through Ray."""
+        The writer stays usable, its later batches through Ray.
+
+        Raises:
+            BufferUnavailable: as :meth:`flush`; the writer's files and undelivered rows are kept for a later
+                ``close`` (or until the process exits).
+        """
         with self._lock:
-            self._close()
+            try:
+                self._close()
+            except BufferUnavailable as exc:
+                raise self._held(exc) from None
 
     def _close(self) -> None:
-        try:
-            self._flush()
-        finally:
-            if self._finalizer is not None:
-                ray = _ray()
-                shards = [s for s, local in zip(self.remote.shards, self.local, strict=True) if local]
-                with contextlib.suppress(ray.exceptions.RayError):  # a dead shard holds no mapping
-                    ray.get([s.release.remote(self.writer_id) for s in shards])
-                self._finalizer()
-                self._finalizer, self.folder = None, None
-                self.batch, self.spare, self.write_row, self.filled = None, [], _declined, 0
+        self._flush()  # raises while rows are undelivered: they, and the files they are in, are kept
+        if self._finalizer is not None:
+            ray = _ray()
+            shards = [s for s, local in zip(self.remote.shards, self.local, strict=True) if local]
+            with contextlib.suppress(ray.exceptions.RayError):  # a dead shard holds no mapping
+                ray.get([s.release.remote(self.writer_id) for s in shards])
+            self._finalizer()
+            self._finalizer, self.folder = None, None
+            self.batch, self.spare, self.write_row, self.filled = None, [], _declined, 0
 
     def __enter__(self) -> Writer:
         return self

@@ -12,7 +12,8 @@ import pytest
 
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.distributed.remote import RemoteBuffer
-from objectrl_buffer.errors import CheckpointError
+from objectrl_buffer.distributed.shard import Shard
+from objectrl_buffer.errors import BufferUnavailable, CheckpointError
 from objectrl_buffer.storage.folders import PREFIX
 from tests.support import rows
 
@@ -77,3 +78,37 @@ def test_failing_automatic_cuts_are_counted_warned_about_and_then_refuse_calls(l
     remote.add_batch(rows(5, 1))
     assert len(remote) == 6
     remote.kill()
+
+
+def stored_ids(remote: RemoteBuffer) -> list[int]:
+    """The transition ids the shards hold (``rows``'s ``step`` // 1000), sorted, duplicates kept."""
+    return sorted(int(s) // 1000 for part in remote.call("sample_all") for s in part["step"].reshape(-1).tolist())
+
+
+def test_a_writer_keeps_the_rows_it_could_not_deliver_and_sends_them_once(local_ray: None, tmp_path: Any) -> None:
+    """Bug 5: a Writer whose shard stays unreachable raises BufferUnavailable naming how many accepted rows it
+    holds; flush() and close() raise while any are held; once the shard answers again they are all stored,
+    each once, in order. (Before: the batches in flight were dropped and the next flush returned normally.)"""
+    remote = launch(1000, 1, tmp_path / "s", retry_timeout_s=0.2)
+    live = remote.shards[0]
+    dead = ray.remote(Shard).options(num_cpus=0).remote(ReplayBuffer, ("cpu", "cpu", 10), {})
+    ray.kill(dead, no_restart=True)
+    data = rows(0, 40)
+    writer = remote.writer(batch_size=10, flush_every_s=100, max_in_flight=2, same_node=False)
+    remote.shards[0] = dead  # unreachable from now on (as a shard that does not come back in time)
+    with pytest.raises(BufferUnavailable, match="30 rows") as caught:
+        for i in range(30):  # the third batch's send waits for the first: it never comes
+            writer.add({k: v[i] for k, v in data.items()})
+    assert caught.value.undelivered_rows == writer.undelivered == 30  # 2 batches in flight, 1 full one queued
+    for call in (writer.flush, writer.close):
+        with pytest.raises(BufferUnavailable):
+            call()
+        assert writer.undelivered == 30
+    remote.shards[0] = live  # back
+    for i in range(30, 40):
+        writer.add({k: v[i] for k, v in data.items()})
+    writer.close()
+    assert writer.undelivered == 0
+    assert stored_ids(remote) == list(range(40))  # every row once, in the order written
+    remote.kill()
+
