@@ -48,6 +48,7 @@ from tensordict import TensorDict, TensorDictBase
 from objectrl_buffer.core.keys import INDEX_KEY, WEIGHT_KEY
 from objectrl_buffer.core.schema import Key
 from objectrl_buffer.core.validate import positive_int, real_in
+from objectrl_buffer.distributed.admission import Asked, admit
 from objectrl_buffer.distributed.coordinator import Coordinator
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
 from objectrl_buffer.distributed.shard import (
@@ -263,9 +264,9 @@ class RemoteBuffer:
         stream[1] = seq + 1
         answered = False
         try:
-            admitted = self.admission(i, rows, timeout)
+            self.admit_insert(i, rows, timeout)
             submit = getattr(self.shards[i], method).remote
-            self.retry(f"{what} to shard {i}", lambda: submit(data, writer, seq, admitted))
+            self.retry(f"{what} to shard {i}", lambda: submit(data, writer, seq))
             answered = True
         except (ReplayBufferError, _ray().exceptions.RayTaskError):  # answered, or the last try failed
             answered = True
@@ -275,12 +276,19 @@ class RemoteBuffer:
                 with self._lock:
                     self._idle.append(stream)
 
-    def admission(self, shard: int, rows: int, timeout: float | None) -> Any:
-        """The limiter's admission ref of ``rows`` bound for ``shard`` (``None`` without a limiter)."""
+    def admit_insert(self, shard: int, rows: int, timeout: float | None) -> None:
+        """Wait until the limiter admits ``rows`` bound for ``shard`` (at once without a limiter; see
+        :mod:`.admission`: asked again of a restarted coordinator, never let through unadmitted).
+
+        Raises:
+            RateLimitTimeout, RateLimitDeadlock, CheckpointError, BufferUnavailable: see :func:`.admission.admit`.
+        """
         self.check_cuts()
         if not self.limited:
-            return None
-        return self.coordinator.admit_insert.remote(shard, rows, timeout)
+            return
+        coordinator = self.coordinator
+        asked = Asked(lambda left: coordinator.admit_insert.remote(shard, rows, left), timeout)
+        admit(asked, f"insert of {rows} rows", self.retry_timeout_s)
 
     # ------------------------------------------------------------------ writes
     def add(self, transition: TensorDictBase | Mapping[str, Any], *, timeout: float | None = None) -> None:
@@ -332,27 +340,58 @@ class RemoteBuffer:
     def __len__(self) -> int:
         return sum(rows for rows, _ in self.stats())
 
-    def submit_sample(self, batch_size: int, timeout: float | None = None) -> list[Any]:
-        """The refs of one :meth:`sample_batch` (see :meth:`finish_sample`): admission, then each shard's draw."""
+    def submit_sample(self, batch_size: int, timeout: float | None = None) -> Draw:
+        """Start one :meth:`sample_batch` (see :meth:`finish_sample`): its admission is asked, and the shards'
+        draws are sent at once without a limiter, else once it is admitted (:meth:`advance`, or at the finish)."""
         self.check_cuts()
-        admitted = self.coordinator.admit_sample.remote(batch_size, timeout) if self.limited else None
-        return [shard.sample.remote(batch_size, admitted) for shard in self.shards]
+        draw = Draw(batch_size)
+        if self.limited:
+            coordinator = self.coordinator
+            draw.asked = Asked(lambda left: coordinator.admit_sample.remote(batch_size, left), timeout)
+        else:
+            draw.refs = self._draws(batch_size)
+        return draw
 
-    def finish_sample(self, batch_size: int, refs: list[Any], timeout: float | None = None) -> TensorDict:
-        """The batch of :meth:`submit_sample` ``refs`` (drawn again if a shard died meanwhile, or if the limiter
-        admitted it before any admitted row had landed: see :meth:`draw_admitted`)."""
+    def _draws(self, batch_size: int) -> list[Any]:
+        return [shard.sample.remote(batch_size) for shard in self.shards]
+
+    def advance(self, draw: Draw) -> None:
+        """Send ``draw``'s shard draws if its admission has come (never waits; a refusal is kept for the finish)."""
+        if draw.refs is not None or draw.error is not None or draw.asked is None or not draw.asked.ready():
+            return
+        try:
+            admit(draw.asked, f"sample of {draw.batch_size} rows", self.retry_timeout_s)
+        except ReplayBufferError as exc:
+            draw.error = exc
+            return
+        draw.refs = self._draws(draw.batch_size)
+
+    def finish_sample(self, batch_size: int, draw: Draw, timeout: float | None = None) -> TensorDict:
+        """The batch of :meth:`submit_sample`'s ``draw``: waits for its admission first (the shards draw only
+        admitted samples, also while the coordinator is down: see :mod:`.admission`), drawn again if a shard
+        died meanwhile, or if the limiter admitted it before any admitted row had landed (see
+        :meth:`draw_admitted`).
+
+        Raises:
+            RateLimitTimeout, RateLimitDeadlock: not admitted. BufferUnavailable: see :meth:`retry`.
+        """
         ray = _ray()
+        if draw.error is not None:
+            raise draw.error
+        if draw.refs is None:
+            assert draw.asked is not None
+            admit(draw.asked, f"sample of {batch_size} rows", self.retry_timeout_s)
+            draw.refs = self._draws(batch_size)
+        refs, draw.refs = draw.refs, []
         try:
             got = _get_all(refs)
-        except ray.exceptions.RayActorError:
-            got = self.retry("sample_batch", lambda: [s.sample.remote(batch_size) for s in self.shards])
+        except ray.exceptions.RayActorError:  # admitted already: drawn again
+            got = self.retry("sample_batch", lambda: self._draws(batch_size))
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, ReplayBufferError):
                 raise exc.cause from None
             raise
-        refused = next((draw for draw in got if isinstance(draw, ReplayBufferError)), None)
-        if refused is not None:  # the limiter's refusal, handed back by the shards
-            raise refused
+        del refs
         try:
             return self.assemble(batch_size, got)
         except EmptyBufferError:
@@ -373,7 +412,7 @@ class RemoteBuffer:
         while True:
             time.sleep(pause)
             pause = min(2 * pause, 0.05)
-            got = self.retry("sample_batch", lambda: [s.sample.remote(batch_size) for s in self.shards])
+            got = self.retry("sample_batch", lambda: self._draws(batch_size))
             try:
                 return self.assemble(batch_size, got)
             except EmptyBufferError:
@@ -430,10 +469,12 @@ class RemoteBuffer:
         queue = deque(self.submit_sample(k, timeout) for _ in range(depth))
         try:
             while True:
-                refs = queue.popleft()
+                draw = queue.popleft()
                 queue.append(self.submit_sample(k, timeout))
-                batch = self.finish_sample(k, refs, timeout)
-                del refs
+                batch = self.finish_sample(k, draw, timeout)
+                del draw
+                for later in queue:  # admitted meanwhile: their draws go now, ready by the next batch
+                    self.advance(later)
                 yield batch
         finally:
             queue.clear()
@@ -560,6 +601,17 @@ class RemoteBuffer:
                 ray.get(ref, timeout=0)
         for actor in [*self.shards, *([self.coordinator] if self.coordinator is not None else [])]:
             ray.kill(actor, no_restart=True)
+
+
+class Draw:
+    """One sample on its way (:meth:`RemoteBuffer.submit_sample`): its admission (``asked``; ``None`` without a
+    limiter), the shards' draw refs once sent (``refs``), and a refusal met early (``error``)."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.asked: Asked | None = None
+        self.refs: list[Any] | None = None
+        self.error: ReplayBufferError | None = None
 
 
 def _age(seconds: float | None) -> str:

@@ -321,7 +321,8 @@ class Writer:
             self._settle()
         remote = self.remote
         shard = remote.next_shard()
-        admitted = remote.admission(shard, batch_rows(batch, remote.num_envs), None)
+        remote.admit_insert(shard, batch_rows(batch, remote.num_envs), None)  # asked again if the coordinator died
+        admitted = None
         payload: dict[str, Any] | SharedRows = batch
         if columns is not None and columns.folder is not None and self.local[shard]:
             payload = columns.shared(len(next(iter(batch.values()))))  # the rows stay in the files

@@ -363,7 +363,12 @@ def test_checkpoint_restart_and_exactly_once_writes(local_ray: None, tmp_path: A
     # the limiter's counters are in the cut: a restarted coordinator resumes from them
     remote.checkpoint()
     counted = remote.limiter_counters()
+    pid = ray.get(remote.coordinator.__ray_call__.remote(lambda self: os.getpid()))
     ray.kill(remote.coordinator, no_restart=False)
+    deadline = time.monotonic() + 60  # restarted (writes ask it for admission before they reach a shard)
+    while remote.retry("pid", lambda: remote.coordinator.__ray_call__.remote(lambda self: os.getpid())) == pid:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     assert remote.limiter_counters() == counted
     # a shard that never comes back: a clear error once the retries run out
     remote.retry_timeout_s = 0.3

@@ -4,6 +4,7 @@ a Writer never forgets a row it accepted, and the coordinator's restarts (retrie
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +14,8 @@ import pytest
 from objectrl_buffer import ReplayBuffer
 from objectrl_buffer.distributed.remote import RemoteBuffer
 from objectrl_buffer.distributed.shard import Shard
-from objectrl_buffer.errors import BufferUnavailable, CheckpointError
+from objectrl_buffer.errors import BufferUnavailable, CheckpointError, RateLimitTimeout
+from objectrl_buffer.flow import MinSize, Queue
 from objectrl_buffer.storage.folders import PREFIX
 from tests.support import rows
 
@@ -112,3 +114,79 @@ def test_a_writer_keeps_the_rows_it_could_not_deliver_and_sends_them_once(local_
     assert stored_ids(remote) == list(range(40))  # every row once, in the order written
     remote.kill()
 
+
+def waiting_admissions(remote: RemoteBuffer) -> int:
+    """Admissions waiting in the coordinator's limiter (threads of a threaded actor, coroutines of an async one)."""
+    ask = remote.coordinator.__ray_call__.remote(
+        lambda self: len(self.limiter._blocked) + len(self.limiter._async_waiters)
+    )
+    return int(ray.get(ask))
+
+
+def wait_for(check: Any, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def in_threads(*targets: Any) -> tuple[list[threading.Thread], list[BaseException]]:
+    """Start a thread for each target; the threads and the list their exceptions go to."""
+    errors: list[BaseException] = []
+
+    def body(target: Any) -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(target,), daemon=True) for target in targets]
+    for thread in threads:
+        thread.start()
+    return threads, errors
+
+
+def test_writes_waiting_when_the_coordinator_restarts_are_admitted_by_the_restarted_one(
+    local_ray: None, tmp_path: Any
+) -> None:
+    """Bug 2: an add_batch and a Writer's flush waiting for admission when the coordinator dies ask the restarted
+    coordinator again and are stored once it admits them. (Before: every retry sent the dead admission ref
+    again, BufferUnavailable after retry_timeout_s, rows lost.)"""
+    remote = launch(100, 1, tmp_path / "s", rate_limiter=Queue(10), retry_timeout_s=10)
+    remote.add_batch(rows(0, 10))  # the queue is full: later writes wait for samples
+    writer = remote.writer(batch_size=5, flush_every_s=100, same_node=False)
+    data = rows(20, 5)
+
+    def write() -> None:
+        for i in range(5):  # the fifth add sends the batch: it waits for admission
+            writer.add({k: v[i] for k, v in data.items()})
+        writer.flush()
+
+    threads, errors = in_threads(lambda: remote.add_batch(rows(10, 5)), write)
+    wait_for(lambda: waiting_admissions(remote) == 2, "both writes wait in the limiter")
+    ray.kill(remote.coordinator, no_restart=False)
+    for _ in range(2):  # room for both writes, however the restarted coordinator counts
+        assert remote.sample_batch(5, timeout=30).batch_size[0] == 5
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert stored_ids(remote) == list(range(15)) + list(range(20, 25))
+    remote.kill()
+
+
+def test_samples_are_never_let_through_while_the_limiter_cannot_be_asked(local_ray: None, tmp_path: Any) -> None:
+    """Bug 3: with the coordinator down, a sample waits and raises after its timeout (or after retry_timeout_s
+    without one); it is never drawn unadmitted. (Before: the draw was retried without admission: 4 rows came
+    back under MinSize(1000) with 10 stored.)"""
+    remote = launch(100, 1, tmp_path / "s", rate_limiter=MinSize(1000), retry_timeout_s=0.5)
+    remote.add_batch(rows(0, 10))
+    ray.kill(remote.coordinator, no_restart=True)
+    with pytest.raises(RateLimitTimeout, match="coordinator"):
+        remote.sample_batch(4, timeout=0.5)
+    with pytest.raises(BufferUnavailable, match="coordinator"):
+        remote.sample_batch(4)
+    stream = remote.prefetch(4, depth=2, timeout=0.3)
+    with pytest.raises(RateLimitTimeout):
+        next(stream)
+    stream.close()
+    remote.kill()
