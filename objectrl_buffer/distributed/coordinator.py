@@ -1,13 +1,15 @@
 """The one place a remote buffer's shards share: its rate limiter and its checkpoint cuts (a Ray actor).
 
-* Rate limiting: the handle asks :meth:`Coordinator.admit_insert` / :meth:`Coordinator.admit_sample` and
-  passes the answer's Ray ref as an argument of the shard call, so the shard runs the write (or the draw)
-  only once it is admitted, and the caller waits once, not twice. The limiter is the user's
+* Rate limiting: the handle asks :meth:`Coordinator.admit_insert` / :meth:`Coordinator.admit_sample`, waits
+  for the answer and only then sends the shard call (:mod:`.admission`). The limiter is the user's
   :class:`~objectrl_buffer.flow.RateLimiter` (Reverb's rules; a batch is admitted all at once or not at all);
-  evictions are counted per shard (a shard holds at most its capacity). Blocked calls wait in the actor's
-  threads; over Ray the limiter cannot tell who may still call it, so its thread-based deadlock rule is off
-  and a wait ends by admission or by its ``timeout``; a call larger than the limiter's window is refused at
-  once (:class:`~objectrl_buffer.errors.RateLimitDeadlock`).
+  evictions are counted per shard (a shard holds at most its capacity). The coordinator is an *async* actor:
+  a blocked admission is a coroutine waiting on the limiter (:meth:`RateLimiter.insert_async`), not a thread,
+  so any number of waiting writers leave it free to answer a learner's sample (and its ``timeout``) at once.
+  Over Ray the limiter cannot tell who may still call it, so its thread-based deadlock rule is off and a
+  wait ends by admission or by its ``timeout``; a call larger than the limiter's window is refused at once
+  (:class:`~objectrl_buffer.errors.RateLimitDeadlock`). Refusals are *returned*, not raised (a prefetch's
+  admission that nobody fetches would otherwise be logged by Ray as an unhandled error).
 * Checkpoints (:meth:`Coordinator.checkpoint`, also every ``checkpoint_every_s`` seconds): admissions pause,
   the limiter's counters are read, every shard saves (in parallel), the manifest naming the generation is
   written atomically (the commit point), the shards drop their journals up to it, admissions resume, and
@@ -18,6 +20,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import logging
@@ -69,7 +72,9 @@ class Coordinator:
         self.rows = [0] * len(shards)
         self.generation = 0
         self.kept: list[int] = []
-        self.gate = threading.Lock()  # held by a cut: admissions wait for it
+        self.resumed = asyncio.Event()  # cleared while a cut runs: admissions wait for it
+        self.resumed.set()
+        self.cutting = asyncio.Lock()  # one cut at a time
         self.max_failed_cuts = max_failed_cuts
         self.failed_cuts = 0  # cuts that failed, ever (this actor's lifetime)
         self.failing = 0  # failed in a row since the last good one
@@ -94,10 +99,15 @@ class Coordinator:
             self.limiter.restore({}, values)
 
     def _every(self, every_s: float) -> None:
+        """The automatic cuts: a thread of this actor that calls its own :meth:`checkpoint` through Ray (the
+        cut runs on the actor's event loop, as every other call)."""
+        import ray
+
+        me = ray.get_runtime_context().current_actor
         while True:
             time.sleep(every_s)
             with contextlib.suppress(Exception):  # counted and logged by checkpoint()
-                self.checkpoint()
+                ray.get(me.checkpoint.remote())
 
     def _refuse_if_failing(self) -> CheckpointError | None:
         """The error every admission answers once ``max_failed_cuts`` cuts failed in a row (else ``None``)."""
@@ -108,7 +118,7 @@ class Coordinator:
             f"{_age(self.last_good)}. Writes and samples are refused until a cut succeeds (handle.checkpoint())"
         )
 
-    def cut_status(self) -> dict[str, Any]:
+    async def cut_status(self) -> dict[str, Any]:
         """``failed_cuts`` (ever, this actor), ``failing`` (in a row), ``last_cut_age_s`` (seconds since the last
         good cut, ``None``: none yet), ``last_error`` (of the last failed cut) and ``max_failed_cuts``."""
         age = None if self.last_good is None else max(0.0, time.time() - self.last_good)
@@ -121,46 +131,41 @@ class Coordinator:
         }
 
     # ------------------------------------------------------------------ rate limiting
-    def admit_insert(self, shard: int, n: int, timeout: float | None) -> bool:
-        """Wait until ``n`` rows bound for ``shard`` are admitted, then count them (and what they evict).
-
-        Raises:
-            RateLimitTimeout, RateLimitDeadlock: not admitted (nothing counted).
+    async def admit_insert(self, shard: int, n: int, timeout: float | None) -> bool | ReplayBufferError:
+        """Wait until ``n`` rows bound for ``shard`` are admitted, then count them (and what they evict); ``True``,
+        or the refusal (:class:`~objectrl_buffer.errors.RateLimitTimeout`, ``RateLimitDeadlock``,
+        ``CheckpointError``: nothing counted), returned.
         """
-        with self.gate:
-            pass
+        await self.resumed.wait()
         refused = self._refuse_if_failing()
         if refused is not None:
-            raise refused
+            return refused
         if self.limiter is not None and n > 0:
-            self.limiter.insert(n, timeout)
+            try:
+                await self.limiter.insert_async(n, timeout)
+            except (RateLimitTimeout, RateLimitDeadlock) as exc:
+                return exc
             held = self.rows[shard] + n
             self.rows[shard] = min(held, self.capacity)
             if held > self.capacity:
                 self.limiter.delete(held - self.capacity)
         return True
 
-    def admit_sample(self, n: int, timeout: float | None) -> bool | ReplayBufferError:
-        """Wait until ``n`` samples are admitted, then count them; ``True``.
-
-        A refusal (:class:`~objectrl_buffer.errors.RateLimitTimeout`, ``RateLimitDeadlock``: nothing counted) is
-        *returned*: the shards hand it back as their draw and the handle raises it. Raised here, it would sit as
-        an error in every shard's result ref, and a draw that nobody fetches (a prefetch that ended) would be
-        logged by Ray as an unhandled error.
-        """
-        with self.gate:
-            pass
+    async def admit_sample(self, n: int, timeout: float | None) -> bool | ReplayBufferError:
+        """Wait until ``n`` samples are admitted, then count them; ``True``, or the refusal, returned (see the
+        module docs; nothing counted)."""
+        await self.resumed.wait()
         refused = self._refuse_if_failing()
         if refused is not None:
             return refused
         if self.limiter is not None:
             try:
-                self.limiter.sample(n, timeout)
+                await self.limiter.sample_async(n, timeout)
             except (RateLimitTimeout, RateLimitDeadlock) as exc:
                 return exc
         return True
 
-    def counters(self) -> dict[str, int]:
+    async def counters(self) -> dict[str, int]:
         """The limiter's ``inserts``, ``samples`` and ``deletes`` (empty without a limiter)."""
         if self.limiter is None:
             return {}
@@ -168,12 +173,12 @@ class Coordinator:
         return {key: int(values[key]) for key in ("inserts", "samples", "deletes")}
 
     # ------------------------------------------------------------------ checkpoints
-    def checkpoint(self) -> int:
+    async def checkpoint(self) -> int:
         """Take one consistent cut of every shard and the limiter (see the module docs); its generation.
 
         A failed cut is counted (:meth:`cut_status`), logged as a warning, and raised."""
         try:
-            generation = self._cut()
+            generation = await self._cut()
         except Exception as exc:
             self.failed_cuts += 1
             self.failing += 1
@@ -189,19 +194,27 @@ class Coordinator:
         self.failing, self.last_good, self.last_error = 0, time.time(), None
         return generation
 
-    def _cut(self) -> int:
-        import ray
-
+    async def _cut(self) -> int:
         assert self.root is not None
-        with self.gate:
-            generation = self.generation + 1
-            os.makedirs(generation_folder(self.root, generation), exist_ok=True)
-            limiter = self.limiter.state()[1] if self.limiter is not None else {}
-            rows = ray.get([shard.checkpoint.remote(generation) for shard in self.shards])
-            kept = [*self.kept, generation][-self.keep_last :]
-            manifest = {"generation": generation, "rows": rows, "limiter": limiter, "kept": kept, "time": time.time()}
-            write_manifest(self.root, manifest)
-            self.generation, self.kept = generation, kept
-            ray.get([shard.commit.remote(generation) for shard in self.shards])
-        prune(self.root, set(kept))
+        async with self.cutting:
+            self.resumed.clear()
+            try:
+                generation = await self._save()
+            finally:
+                self.resumed.set()
+        prune(self.root, set(self.kept))
+        return generation
+
+    async def _save(self) -> int:
+        """The cut itself, admissions paused: every shard saves, then the manifest, then the shards' commits."""
+        assert self.root is not None
+        generation = self.generation + 1
+        os.makedirs(generation_folder(self.root, generation), exist_ok=True)
+        limiter = self.limiter.state()[1] if self.limiter is not None else {}
+        rows = list(await asyncio.gather(*[shard.checkpoint.remote(generation) for shard in self.shards]))
+        kept = [*self.kept, generation][-self.keep_last :]
+        manifest = {"generation": generation, "rows": rows, "limiter": limiter, "kept": kept, "time": time.time()}
+        write_manifest(self.root, manifest)
+        self.generation, self.kept = generation, kept
+        await asyncio.gather(*[shard.commit.remote(generation) for shard in self.shards])
         return generation

@@ -176,7 +176,8 @@ class RemoteBuffer:
         beta = ray.get(shards[0].get.remote("beta")) if hasattr(buffer_cls, "update_priority") else None
         coordinator = None
         if rate_limiter is not None or root is not None:
-            coord = ray.remote(Coordinator).options(num_cpus=0, max_concurrency=64, max_restarts=max_restarts)
+            # an async actor: a waiting admission is a coroutine, not a thread (see .coordinator)
+            coord = ray.remote(Coordinator).options(num_cpus=0, max_concurrency=100_000, max_restarts=max_restarts)
             coordinator = coord.remote(
                 shards, rate_limiter, int(capacity), root, checkpoint_every_s, keep, resume, max_failed
             )

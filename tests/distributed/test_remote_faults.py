@@ -120,7 +120,7 @@ def waiting_admissions(remote: RemoteBuffer) -> int:
     ask = remote.coordinator.__ray_call__.remote(
         lambda self: len(self.limiter._blocked) + len(self.limiter._async_waiters)
     )
-    return int(ray.get(ask))
+    return int(ray.get(ask, timeout=10))  # a coordinator whose threads are all taken never answers
 
 
 def wait_for(check: Any, what: str, timeout_s: float = 60.0) -> None:
@@ -189,4 +189,24 @@ def test_samples_are_never_let_through_while_the_limiter_cannot_be_asked(local_r
     with pytest.raises(RateLimitTimeout):
         next(stream)
     stream.close()
+    remote.kill()
+
+
+def test_a_learner_sample_keeps_its_timeout_with_100_writer_admissions_waiting(local_ray: None, tmp_path: Any) -> None:
+    """Bug 1: 100 writers waiting for admission (one row each, a full Queue) leave the coordinator free: the
+    learner's ``sample_batch(timeout=2)`` is admitted and returns, and each sample lets writers through.
+    (Before: a threaded coordinator of 64 threads, each held by a waiting admission: the learner's admission
+    queued behind them and the sample hung.)"""
+    remote = launch(1000, 1, tmp_path / "s", rate_limiter=Queue(10))
+    remote.add_batch(rows(0, 10))  # full: every later row waits for a sample
+    data = rows(100, 100)
+    adds = [lambda i=i: remote.add({k: v[i] for k, v in data.items()}) for i in range(100)]
+    threads, errors = in_threads(*adds)
+    wait_for(lambda: waiting_admissions(remote) == 100, "100 writes wait in the limiter")
+    for _ in range(20):  # each sample of 5 admits 5 waiting writes
+        assert remote.sample_batch(5, timeout=2).batch_size[0] == 5
+    for thread in threads:
+        thread.join(60)
+    assert errors == [] and not any(thread.is_alive() for thread in threads)
+    assert stored_ids(remote) == list(range(10)) + list(range(100, 200))
     remote.kill()
