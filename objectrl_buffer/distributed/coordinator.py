@@ -1,5 +1,25 @@
 """The one place a remote buffer's shards share: its rate limiter and its checkpoint cuts (a Ray actor).
 
+The contract (in the manner of Reverb's rate-limiter and checkpoint docs):
+
+* **What it owns.** The limiter's counters (``inserts``, ``samples``, ``deletes``), the rows it believes each
+  shard holds (to count evictions), the checkpoint cuts (the generation, the manifest, the pruning) and their
+  health (failed cuts, the last good cut's time). It owns no rows: the shards hold the data and are its
+  source of truth.
+* **What a restart restores** (Ray restarts this actor after its process or node died; also
+  ``launch(resume=True)``): the counters are *rebuilt from the shards' own counts*
+  (:meth:`.shard.Shard.counts`): ``inserts`` = rows the shards ever wrote, ``deletes`` = those no longer held,
+  ``samples`` = admitted samples the shards were told to count (each admitted draw tells one shard). So after
+  any restart the limiter agrees with what the shards hold, not with the last cut: the shards keep the rows
+  written since it, and rolling them back to the cut instead would drop acknowledged rows to make the counts
+  agree. The cut's generation, its kept generations and its time come from the manifest. Not restored: the
+  failure counts of cuts (they start again at 0) and the admissions that were waiting (each handle asks the
+  restarted actor again, see :mod:`.admission`). The one gap: a write admitted by the dead actor and still
+  on its way to its shard when the restarted one asks the shards lands uncounted (one round trip's worth
+  of writes, at most ``max_in_flight`` batches per writer); a shard's own restart drops the rows written
+  since its cut from both its rows and its ``written`` (they are counted in ``lost_rows``), so the limiter
+  rebuilt after that agrees with the shard as it is.
+
 * Rate limiting: the handle asks :meth:`Coordinator.admit_insert` / :meth:`Coordinator.admit_sample`, waits
   for the answer and only then sends the shard call (:mod:`.admission`). The limiter is the user's
   :class:`~objectrl_buffer.flow.RateLimiter` (Reverb's rules; a batch is admitted all at once or not at all);
@@ -49,7 +69,9 @@ class Coordinator:
         limiter: the rate limiter (``None``: none; admissions return at once).
         capacity: rows one shard holds (evictions beyond it count as the limiter's deletes).
         root, every_s, keep_last: ``checkpoint_path``, ``checkpoint_every_s`` and how many generations to keep.
-        resume: start from the manifest's counters (a restart of this actor always does).
+        resume: start from the manifest's generation and the shards' counts (a restart of this actor always
+            does, see the module docs).
+        max_failed_cuts: cuts failing in a row before every admission is refused with ``CheckpointError``.
     """
 
     def __init__(
@@ -82,9 +104,13 @@ class Coordinator:
         self.last_error: str | None = None
         if root is not None:
             os.makedirs(root, exist_ok=True)
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if root is not None:
             manifest = read_manifest(root)
-            if manifest is not None and (resume or ray.get_runtime_context().was_current_actor_reconstructed):
+            if manifest is not None and (resume or restarted):
                 self._adopt(manifest)
+        if resume or restarted:
+            self._rebuild()
         if root is not None and every_s is not None:
             threading.Thread(target=self._every, args=(every_s,), daemon=True).start()
 
@@ -92,10 +118,20 @@ class Coordinator:
         self.generation = manifest["generation"]
         self.last_good = manifest.get("time")
         self.kept = list(manifest.get("kept", [self.generation]))
-        self.rows = list(manifest["rows"])
-        values = manifest.get("limiter")
-        if self.limiter is not None and values:
-            self.limiter.check({}, values, sum(self.rows), os.path.join(str(self.root), "checkpoint.json"))
+
+    def _rebuild(self) -> None:
+        """The limiter's counters and the rows per shard from what the shards hold now (see the module docs)."""
+        import ray
+
+        counts = ray.get([shard.counts.remote() for shard in self.shards])
+        self.rows = [held for _, held, _ in counts]
+        if self.limiter is not None:
+            values = {
+                "inserts": sum(written for written, _, _ in counts),
+                "samples": sum(sampled for _, _, sampled in counts),
+                "deletes": sum(max(0, written - held) for written, held, _ in counts),
+            }
+            self.limiter.check({}, values, sum(self.rows), "the shards' counts")
             self.limiter.restore({}, values)
 
     def _every(self, every_s: float) -> None:

@@ -353,8 +353,11 @@ class RemoteBuffer:
             draw.refs = self._draws(batch_size)
         return draw
 
-    def _draws(self, batch_size: int) -> list[Any]:
-        return [shard.sample.remote(batch_size) for shard in self.shards]
+    def _draws(self, batch_size: int, counted: bool = False) -> list[Any]:
+        """Every shard's draw; ``counted``: the first draw of an admitted sample (shard 0 counts it, see
+        :meth:`.shard.Shard.sample`)."""
+        count = batch_size if counted and self.limited else 0
+        return [shard.sample.remote(batch_size, None, count if i == 0 else 0) for i, shard in enumerate(self.shards)]
 
     def advance(self, draw: Draw) -> None:
         """Send ``draw``'s shard draws if its admission has come (never waits; a refusal is kept for the finish)."""
@@ -365,7 +368,7 @@ class RemoteBuffer:
         except ReplayBufferError as exc:
             draw.error = exc
             return
-        draw.refs = self._draws(draw.batch_size)
+        draw.refs = self._draws(draw.batch_size, counted=True)
 
     def finish_sample(self, batch_size: int, draw: Draw, timeout: float | None = None) -> TensorDict:
         """The batch of :meth:`submit_sample`'s ``draw``: waits for its admission first (the shards draw only
@@ -382,7 +385,7 @@ class RemoteBuffer:
         if draw.refs is None:
             assert draw.asked is not None
             admit(draw.asked, f"sample of {batch_size} rows", self.retry_timeout_s)
-            draw.refs = self._draws(batch_size)
+            draw.refs = self._draws(batch_size, counted=True)
         refs, draw.refs = draw.refs, []
         try:
             got = _get_all(refs)

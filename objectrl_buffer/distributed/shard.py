@@ -178,8 +178,9 @@ class ShardState:
     the last ``seq`` applied per writer (a JSON object in one string value), and the restarts' accounts:
     ``lost`` (rows acknowledged and dropped by restarts, not stored again since), ``pending`` (the writes
     among them a writer may still send again: ``{writer: {seq: rows}}``, a JSON string) and ``epoch`` (the
-    lifetime of the shard that saved it, see :mod:`.cut`). A checkpoint without the last three (an older
-    version's) reads as none lost, epoch 0."""
+    lifetime of the shard that saved it, see :mod:`.cut`), and ``sampled`` (admitted samples this shard was
+    told to count, see :meth:`Shard.sample`). A checkpoint without the last four (an older version's) reads as
+    none lost, epoch 0, none sampled."""
 
     name = "remote_shard"
 
@@ -190,6 +191,7 @@ class ShardState:
         self.lost = 0
         self.pending: dict[str, dict[int, int]] = {}
         self.epoch = 0
+        self.sampled = 0
 
     def state(self) -> tuple[Arrays, dict[str, ExtraValue]]:
         pending = {w: [[seq, rows] for seq, rows in p.items()] for w, p in self.pending.items()}
@@ -199,6 +201,7 @@ class ShardState:
             "lost": self.lost,
             "pending": json.dumps(pending),
             "epoch": self.epoch,
+            "sampled": self.sampled,
         }
 
     @staticmethod
@@ -228,7 +231,7 @@ class ShardState:
             raise CheckpointError(f"'{source}': bad remote_shard writers") from None
         if not (isinstance(seqs, dict) and all(isinstance(v, int) for v in seqs.values())):
             raise CheckpointError(f"'{source}': bad remote_shard writers")
-        for key in ("lost", "epoch"):
+        for key in ("lost", "epoch", "sampled"):
             value = values.get(key, 0)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
                 raise CheckpointError(f"'{source}': bad remote_shard {key}")
@@ -244,6 +247,7 @@ class ShardState:
         self.lost = int(values.get("lost", 0))
         self.pending = self._pending(values)
         self.epoch = int(values.get("epoch", 0))
+        self.sampled = int(values.get("sampled", 0))
 
 
 def _ints(value: Any, n: int) -> bool:
@@ -431,6 +435,11 @@ class Shard:
         return dict(self.arrived)
 
     # ------------------------------------------------------------------ reads
+    def counts(self) -> tuple[int, int, int]:
+        """``(written, held, sampled)``: rows ever written (a restart reloads the cut's and counts on), rows held
+        now, and admitted samples counted here: what a restarted coordinator rebuilds its limiter from."""
+        return self.state.written, len(self.buffer), self.state.sampled
+
     def stats(self) -> tuple[int, float, int]:
         """``(rows, mass, lost)``: mass is the priority mass of a prioritized buffer, else the row count."""
         priorities = self.priorities
@@ -438,12 +447,14 @@ class Shard:
         mass = float(priorities.index.total()) if priorities is not None and size else float(size)
         return size, mass, self.lost
 
-    def sample(self, k: int, _admitted: Any = None) -> bytes | ReplayBufferError:
+    def sample(self, k: int, _admitted: Any = None, counted: int = 0) -> bytes | ReplayBufferError:
         """The shard's mass and ``k`` rows drawn by the buffer's own rule (with ``"generation"`` and, prioritized,
-        the raw weights), :func:`pack` ed; no rows when it holds none. ``_admitted``: the limiter's answer (a Ray
-        dependency); a refusal is returned as it is, nothing drawn (see ``Coordinator.admit_sample``)."""
+        the raw weights), :func:`pack` ed; no rows when it holds none. ``counted``: samples the limiter admitted
+        for this draw, added to this shard's count (the handle tells one shard per admitted sample: a restarted
+        coordinator adds them up, see :mod:`.coordinator`). ``_admitted``: a refusal is returned as it is."""
         if isinstance(_admitted, ReplayBufferError):
             return _admitted
+        self.state.sampled += counted
         _, mass, _ = self.stats()
         if not mass > 0:
             return pack(0.0, {})

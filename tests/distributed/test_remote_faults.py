@@ -210,3 +210,25 @@ def test_a_learner_sample_keeps_its_timeout_with_100_writer_admissions_waiting(l
     assert errors == [] and not any(thread.is_alive() for thread in threads)
     assert stored_ids(remote) == list(range(10)) + list(range(100, 200))
     remote.kill()
+
+
+def test_a_restarted_coordinator_counts_what_the_shards_hold(local_ray: None, tmp_path: Any) -> None:
+    """Bug 4: after the coordinator restarts, the limiter's counters are rebuilt from the shards' own counts
+    (inserts, evictions, admitted samples), not rolled back to the last cut while the shards keep newer rows.
+    (Before: 8 inserts counted, as at the cut, with 10 rows held and 14 written.)"""
+    remote = launch(10, 1, tmp_path / "s", checkpoint_path=str(tmp_path / "ckpt"), rate_limiter=MinSize(1))
+    remote.add_batch(rows(0, 8))
+    remote.checkpoint()
+    remote.add_batch(rows(8, 6))  # after the cut; evicts 4 of a shard of 10 rows
+    assert remote.sample_batch(3, timeout=30).batch_size[0] == 3
+    want = {"inserts": 14, "samples": 3, "deletes": 4}
+    assert remote.limiter_counters() == want
+    pid = ray.get(remote.coordinator.__ray_call__.remote(lambda self: os.getpid()))
+    ray.kill(remote.coordinator, no_restart=False)
+    wait_for(
+        lambda: remote.retry("pid", lambda: remote.coordinator.__ray_call__.remote(lambda self: os.getpid())) != pid,
+        "the coordinator restarted",
+    )
+    assert remote.limiter_counters() == want
+    assert want["inserts"] - want["deletes"] == len(remote) == 10
+    remote.kill()
