@@ -92,8 +92,10 @@ class RemoteBuffer:
         num_envs: int = 1,
         retry_timeout_s: float = 30.0,
         max_failed_cuts: int = 3,
+        buffer_id: str = "",
     ) -> None:
         self.shards, self.capacity, self.beta = shards, capacity, beta
+        self.buffer_id = buffer_id
         self.max_failed_cuts = max_failed_cuts
         self._cuts_ref: Any = None  # a cut_status() call on its way (see _check_cuts)
         self._cuts_asked = -math.inf  # when it was sent (time.monotonic())
@@ -168,10 +170,11 @@ class RemoteBuffer:
         options.setdefault("max_restarts", max_restarts)
         actor = ray.remote(Shard).options(**options)
         seed = kwargs.pop("seed", None)
+        buffer_id = uuid.uuid4().hex[:16]  # names the writers' folders a shard accepts (see Shard._map)
         shards = []
         for i in range(n):
             shard_kwargs = dict(kwargs, seed=None if seed is None else seed + i)
-            shards.append(actor.remote(buffer_cls, args, shard_kwargs, i, root, resume))
+            shards.append(actor.remote(buffer_cls, args, shard_kwargs, i, root, resume, buffer_id))
         capacity, num_envs = ray.get([shards[0].get.remote("buffer_size"), shards[0].get.remote("num_envs")])
         beta = ray.get(shards[0].get.remote("beta")) if hasattr(buffer_cls, "update_priority") else None
         coordinator = None
@@ -192,6 +195,7 @@ class RemoteBuffer:
             num_envs=int(num_envs),
             retry_timeout_s=retry_s,
             max_failed_cuts=max_failed,
+            buffer_id=buffer_id,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -201,6 +205,7 @@ class RemoteBuffer:
             "num_envs": self.num_envs,
             "retry_timeout_s": self.retry_timeout_s,
             "max_failed_cuts": self.max_failed_cuts,
+            "buffer_id": self.buffer_id,
         }
         return (_rebuild, (self.shards, self.capacity, self.beta, settings))
 
@@ -581,12 +586,16 @@ class RemoteBuffer:
 
     def save(self, path: str, data: bool = False) -> None:
         """Each shard's ``save`` to ``<path>.shard-<i>`` (for one consistent cut use :meth:`checkpoint`)."""
-        self.retry(
-            "save", lambda: [s.call.remote("save", f"{path}.shard-{i}", data) for i, s in enumerate(self.shards)]
-        )
+        self.retry("save", lambda: [s.save.remote(f"{path}.shard-{i}", data) for i, s in enumerate(self.shards)])
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """``buffer.<name>(*args, **kwargs)`` on every shard; their results."""
+        """``buffer.<name>(*args, **kwargs)`` on every shard; their results. Only the read methods in
+        :data:`.shard.CALLABLE` (``sample_all``, ``__len__``, the ``sample*`` methods, ...): writes go through
+        :meth:`add` / :meth:`add_batch` / :meth:`writer`, saves through :meth:`save` / :meth:`checkpoint`.
+
+        Raises:
+            InvalidArgumentError: any other name (nothing called).
+        """
         return list(self.retry(name, lambda: [s.call.remote(name, *args, **kwargs) for s in self.shards]))
 
     def kill(self, close_timeout_s: float = 30.0) -> None:

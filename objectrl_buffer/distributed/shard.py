@@ -47,8 +47,9 @@ from objectrl_buffer.distributed.cut import (
     read_manifest,
     shard_path,
 )
-from objectrl_buffer.errors import BufferUnavailable, CheckpointError, ReplayBufferError
+from objectrl_buffer.errors import BufferUnavailable, CheckpointError, InvalidArgumentError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
+from objectrl_buffer.storage.folders import PREFIX
 from objectrl_buffer.storage.torchrl_compat import plain_items
 
 __all__ = [
@@ -144,6 +145,31 @@ def unpack(packed: bytes, copy: bool = True) -> tuple[float, int, dict[str, np.n
 #: What ``add_batch`` returns for a :class:`SharedRows` batch whose files it cannot see (and for that writer's
 #: later batches, until the refused one comes again): send them again as rows, in order.
 MISSING = -1
+
+
+#: Buffer methods :meth:`Shard.call` runs (reads only: no ``save``/``load`` to a caller's path, no writes that
+#: bypass the ``(writer, seq)`` rule or the limiter).
+CALLABLE = frozenset(
+    {
+        "__len__",
+        "calculate_num_batches",
+        "sample",
+        "sample_all",
+        "sample_batch",
+        "sample_by_index",
+        "sample_by_index_fields",
+        "sample_random",
+        "sample_slices",
+    }
+)
+#: Buffer attributes :meth:`Shard.get` reads.
+READABLE = frozenset({"beta", "buffer_size", "num_envs"})
+
+
+def writer_prefix(buffer_id: str, writer: str) -> str:
+    """The name every folder of ``writer``'s column files starts with, for the buffer ``buffer_id``: a shard
+    maps only folders so named (:meth:`Shard.add_batch`)."""
+    return f"{PREFIX}writer-{buffer_id}-{writer}-"
 
 
 def column_path(folder: str, index: int, field: int) -> str:
@@ -262,6 +288,8 @@ class Shard:
         index: this shard's number (names its checkpoint files).
         checkpoint_root: the remote buffer's ``checkpoint_path`` (``None``: no checkpoints, nothing to reload).
         resume: load the manifest's generation even on a first start (a restart always does).
+        buffer_id: the remote buffer's id: a :class:`SharedRows` batch is taken only from a folder named by
+            :func:`writer_prefix` for this buffer and its writer.
     """
 
     def __init__(
@@ -272,8 +300,10 @@ class Shard:
         index: int = 0,
         checkpoint_root: str | None = None,
         resume: bool = False,
+        buffer_id: str = "",
     ) -> None:
         self.buffer = buffer_cls(*args, **kwargs)
+        self.buffer_id = buffer_id
         self.capacity = int(self.buffer.buffer_size)
         self.num_envs = int(self.buffer.num_envs)
         self.state = ShardState(self.capacity)
@@ -388,9 +418,21 @@ class Shard:
     def _map(self, rows: SharedRows, writer: str) -> dict[str, np.ndarray]:
         """Views of the first ``rows.rows`` rows of a writer's column set, its files mapped on first use.
 
+        The folder must be the writer's own (its name starts with :func:`writer_prefix` of this buffer and
+        writer; no link), and the files are mapped copy-on-write: the shard never writes to them.
+
         Raises:
             BufferUnavailable: the files are gone (their writer closed) or are not on this shard's node.
+            InvalidArgumentError: the folder is not one this buffer's writer made (named in the message).
         """
+        folder = os.path.abspath(rows.folder)
+        if os.path.realpath(folder) != folder or not os.path.basename(folder).startswith(
+            writer_prefix(self.buffer_id, writer)
+        ):
+            raise InvalidArgumentError(
+                f"shard {self.index}: a shared-rows batch names folder {rows.folder!r}, not one of writer "
+                f"{writer!r}'s folders of this buffer ({writer_prefix(self.buffer_id, writer)}*): refused"
+            )
         sets = self.mapped.get(writer)
         if sets is None:  # a new writer: a good moment to drop the mappings of writers whose files are gone
             self.mapped = {w: m for w, m in self.mapped.items() if all(os.path.isdir(f) for f, _ in m)}
@@ -402,7 +444,7 @@ class Shard:
                 columns = {
                     key: np.asarray(
                         np.memmap(
-                            column_path(rows.folder, rows.index, j), np.dtype(dtype), "r+", 0, (rows.capacity, *per)
+                            column_path(rows.folder, rows.index, j), np.dtype(dtype), "c", 0, (rows.capacity, *per)
                         )
                     )
                     for j, (key, dtype, per) in enumerate(rows.layout)
@@ -519,7 +561,24 @@ class Shard:
 
     # ------------------------------------------------------------------ anything else
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``buffer.<name>(*args, **kwargs)`` for a name in :data:`CALLABLE`.
+
+        Raises:
+            InvalidArgumentError: any other name (named).
+        """
+        if name not in CALLABLE:
+            raise InvalidArgumentError(
+                f"call: {name!r} is not one of the buffer methods a shard runs ({sorted(CALLABLE)})"
+            )
         return getattr(self.buffer, name)(*args, **kwargs)
 
     def get(self, name: str) -> Any:
+        """``buffer.<name>`` for a name in :data:`READABLE`. Raises as :meth:`call`."""
+        if name not in READABLE:
+            raise InvalidArgumentError(f"get: {name!r} is not one of the attributes a shard reads ({sorted(READABLE)})")
         return getattr(self.buffer, name)
+
+    def save(self, path: str, data: bool = False) -> None:
+        """The buffer's ``save(path, data)`` (:meth:`RemoteBuffer.save
+        <objectrl_buffer.distributed.remote.RemoteBuffer.save>`)."""
+        self.buffer.save(path, data)

@@ -32,6 +32,7 @@ from objectrl_buffer.distributed.shard import (
     column_path,
     flat,
     to_numpy,
+    writer_prefix,
 )
 from objectrl_buffer.errors import BufferUnavailable, InvalidArgumentError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
@@ -282,7 +283,8 @@ class Writer:
         if why is None:
             try:
                 sweep_once(parent)
-                folder, fd = make_owned(parent)
+                prefix = writer_prefix(getattr(self.remote, "buffer_id", ""), self.writer_id)
+                folder, fd = make_owned(parent, prefix)
             except OSError as exc:
                 why = f"no folder in {parent}: {exc}"
             else:
