@@ -119,7 +119,13 @@ class RateLimitDeadlock(ReplayBufferError, RuntimeError):
 class BufferUnavailable(ReplayBufferError, ConnectionError):
     """A remote buffer's shard (or its coordinator) stayed unreachable through every retry: its actor died for
     good or did not come back within ``retry_timeout_s``. The message names the shard and the call; a write
-    that raised this may or may not be stored (retry it with the same writer: it is applied at most once)."""
+    that raised this may or may not be stored (retry it with the same writer: it is applied at most once).
+
+    Raised by a :class:`~objectrl_buffer.distributed.remote.Writer`, ``undelivered_rows`` counts the rows that
+    writer accepted and still holds, undelivered (sent again by its next ``add``, ``flush`` or ``close``)."""
+
+    #: rows a writer accepted and could not deliver (0 when not raised by a writer)
+    undelivered_rows: int = 0
 
 
 class ForkedBufferError(ReplayBufferError, RuntimeError):

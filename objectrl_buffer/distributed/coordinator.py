@@ -1,13 +1,35 @@
 """The one place a remote buffer's shards share: its rate limiter and its checkpoint cuts (a Ray actor).
 
-* Rate limiting: the handle asks :meth:`Coordinator.admit_insert` / :meth:`Coordinator.admit_sample` and
-  passes the answer's Ray ref as an argument of the shard call, so the shard runs the write (or the draw)
-  only once it is admitted, and the caller waits once, not twice. The limiter is the user's
+The contract (in the manner of Reverb's rate-limiter and checkpoint docs):
+
+* **What it owns.** The limiter's counters (``inserts``, ``samples``, ``deletes``), the rows it believes each
+  shard holds (to count evictions), the checkpoint cuts (the generation, the manifest, the pruning) and their
+  health (failed cuts, the last good cut's time). It owns no rows: the shards hold the data and are its
+  source of truth.
+* **What a restart restores** (Ray restarts this actor after its process or node died; also
+  ``launch(resume=True)``): the counters are *rebuilt from the shards' own counts*
+  (:meth:`.shard.Shard.counts`): ``inserts`` = rows the shards ever wrote, ``deletes`` = those no longer held,
+  ``samples`` = admitted samples the shards were told to count (each admitted draw tells one shard). So after
+  any restart the limiter agrees with what the shards hold, not with the last cut: the shards keep the rows
+  written since it, and rolling them back to the cut instead would drop acknowledged rows to make the counts
+  agree. The cut's generation, its kept generations and its time come from the manifest. Not restored: the
+  failure counts of cuts (they start again at 0) and the admissions that were waiting (each handle asks the
+  restarted actor again, see :mod:`.admission`). The one gap: a write admitted by the dead actor and still
+  on its way to its shard when the restarted one asks the shards lands uncounted (one round trip's worth
+  of writes, at most ``max_in_flight`` batches per writer); a shard's own restart drops the rows written
+  since its cut from both its rows and its ``written`` (they are counted in ``lost_rows``), so the limiter
+  rebuilt after that agrees with the shard as it is.
+
+* Rate limiting: the handle asks :meth:`Coordinator.admit_insert` / :meth:`Coordinator.admit_sample`, waits
+  for the answer and only then sends the shard call (:mod:`.admission`). The limiter is the user's
   :class:`~objectrl_buffer.flow.RateLimiter` (Reverb's rules; a batch is admitted all at once or not at all);
-  evictions are counted per shard (a shard holds at most its capacity). Blocked calls wait in the actor's
-  threads; over Ray the limiter cannot tell who may still call it, so its thread-based deadlock rule is off
-  and a wait ends by admission or by its ``timeout``; a call larger than the limiter's window is refused at
-  once (:class:`~objectrl_buffer.errors.RateLimitDeadlock`).
+  evictions are counted per shard (a shard holds at most its capacity). The coordinator is an *async* actor:
+  a blocked admission is a coroutine waiting on the limiter (:meth:`RateLimiter.insert_async`), not a thread,
+  so any number of waiting writers leave it free to answer a learner's sample (and its ``timeout``) at once.
+  Over Ray the limiter cannot tell who may still call it, so its thread-based deadlock rule is off and a
+  wait ends by admission or by its ``timeout``; a call larger than the limiter's window is refused at once
+  (:class:`~objectrl_buffer.errors.RateLimitDeadlock`). Refusals are *returned*, not raised (a prefetch's
+  admission that nobody fetches would otherwise be logged by Ray as an unhandled error).
 * Checkpoints (:meth:`Coordinator.checkpoint`, also every ``checkpoint_every_s`` seconds): admissions pause,
   the limiter's counters are read, every shard saves (in parallel), the manifest naming the generation is
   written atomically (the commit point), the shards drop their journals up to it, admissions resume, and
@@ -18,17 +40,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
+import logging
 import os
 import threading
 import time
 from typing import Any
 
 from objectrl_buffer.distributed.cut import generation_folder, prune, read_manifest, write_manifest
-from objectrl_buffer.errors import RateLimitDeadlock, RateLimitTimeout, ReplayBufferError
+from objectrl_buffer.errors import CheckpointError, RateLimitDeadlock, RateLimitTimeout, ReplayBufferError
 from objectrl_buffer.flow.limiter import RateLimiter
 
 __all__ = ["Coordinator"]
+
+logger = logging.getLogger(__name__)
+
+
+def _age(when: float | None) -> str:
+    return "none yet" if when is None else f"{max(0.0, time.time() - when):.1f} s ago"
 
 
 class Coordinator:
@@ -38,7 +69,9 @@ class Coordinator:
         limiter: the rate limiter (``None``: none; admissions return at once).
         capacity: rows one shard holds (evictions beyond it count as the limiter's deletes).
         root, every_s, keep_last: ``checkpoint_path``, ``checkpoint_every_s`` and how many generations to keep.
-        resume: start from the manifest's counters (a restart of this actor always does).
+        resume: start from the manifest's generation and the shards' counts (a restart of this actor always
+            does, see the module docs).
+        max_failed_cuts: cuts failing in a row before every admission is refused with ``CheckpointError``.
     """
 
     def __init__(
@@ -50,6 +83,7 @@ class Coordinator:
         every_s: float | None = None,
         keep_last: int = 2,
         resume: bool = False,
+        max_failed_cuts: int = 3,
     ) -> None:
         import ray
 
@@ -60,67 +94,114 @@ class Coordinator:
         self.rows = [0] * len(shards)
         self.generation = 0
         self.kept: list[int] = []
-        self.gate = threading.Lock()  # held by a cut: admissions wait for it
+        self.resumed = asyncio.Event()  # cleared while a cut runs: admissions wait for it
+        self.resumed.set()
+        self.cutting = asyncio.Lock()  # one cut at a time
+        self.max_failed_cuts = max_failed_cuts
+        self.failed_cuts = 0  # cuts that failed, ever (this actor's lifetime)
+        self.failing = 0  # failed in a row since the last good one
+        self.last_good: float | None = None  # wall time of the last good cut (the manifest's, after a restart)
+        self.last_error: str | None = None
         if root is not None:
             os.makedirs(root, exist_ok=True)
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if root is not None:
             manifest = read_manifest(root)
-            if manifest is not None and (resume or ray.get_runtime_context().was_current_actor_reconstructed):
+            if manifest is not None and (resume or restarted):
                 self._adopt(manifest)
+        if resume or restarted:
+            self._rebuild()
         if root is not None and every_s is not None:
             threading.Thread(target=self._every, args=(every_s,), daemon=True).start()
 
     def _adopt(self, manifest: dict[str, Any]) -> None:
         self.generation = manifest["generation"]
+        self.last_good = manifest.get("time")
         self.kept = list(manifest.get("kept", [self.generation]))
-        self.rows = list(manifest["rows"])
-        values = manifest.get("limiter")
-        if self.limiter is not None and values:
-            self.limiter.check({}, values, sum(self.rows), os.path.join(str(self.root), "checkpoint.json"))
+
+    def _rebuild(self) -> None:
+        """The limiter's counters and the rows per shard from what the shards hold now (see the module docs)."""
+        import ray
+
+        counts = ray.get([shard.counts.remote() for shard in self.shards])
+        self.rows = [held for _, held, _ in counts]
+        if self.limiter is not None:
+            values = {
+                "inserts": sum(written for written, _, _ in counts),
+                "samples": sum(sampled for _, _, sampled in counts),
+                "deletes": sum(max(0, written - held) for written, held, _ in counts),
+            }
+            self.limiter.check({}, values, sum(self.rows), "the shards' counts")
             self.limiter.restore({}, values)
 
     def _every(self, every_s: float) -> None:
+        """The automatic cuts: a thread of this actor that calls its own :meth:`checkpoint` through Ray (the
+        cut runs on the actor's event loop, as every other call)."""
+        import ray
+
+        me = ray.get_runtime_context().current_actor
         while True:
             time.sleep(every_s)
-            try:
-                self.checkpoint()
-            except Exception:
-                continue
+            with contextlib.suppress(Exception):  # counted and logged by checkpoint()
+                ray.get(me.checkpoint.remote())
+
+    def _refuse_if_failing(self) -> CheckpointError | None:
+        """The error every admission answers once ``max_failed_cuts`` cuts failed in a row (else ``None``)."""
+        if self.failing < self.max_failed_cuts:
+            return None
+        return CheckpointError(
+            f"remote buffer: the last {self.failing} checkpoint cuts failed ({self.last_error}); last good cut: "
+            f"{_age(self.last_good)}. Writes and samples are refused until a cut succeeds (handle.checkpoint())"
+        )
+
+    async def cut_status(self) -> dict[str, Any]:
+        """``failed_cuts`` (ever, this actor), ``failing`` (in a row), ``last_cut_age_s`` (seconds since the last
+        good cut, ``None``: none yet), ``last_error`` (of the last failed cut) and ``max_failed_cuts``."""
+        age = None if self.last_good is None else max(0.0, time.time() - self.last_good)
+        return {
+            "failed_cuts": self.failed_cuts,
+            "failing": self.failing,
+            "last_cut_age_s": age,
+            "last_error": self.last_error,
+            "max_failed_cuts": self.max_failed_cuts,
+        }
 
     # ------------------------------------------------------------------ rate limiting
-    def admit_insert(self, shard: int, n: int, timeout: float | None) -> bool:
-        """Wait until ``n`` rows bound for ``shard`` are admitted, then count them (and what they evict).
-
-        Raises:
-            RateLimitTimeout, RateLimitDeadlock: not admitted (nothing counted).
+    async def admit_insert(self, shard: int, n: int, timeout: float | None) -> bool | ReplayBufferError:
+        """Wait until ``n`` rows bound for ``shard`` are admitted, then count them (and what they evict); ``True``,
+        or the refusal (:class:`~objectrl_buffer.errors.RateLimitTimeout`, ``RateLimitDeadlock``,
+        ``CheckpointError``: nothing counted), returned.
         """
-        with self.gate:
-            pass
+        await self.resumed.wait()
+        refused = self._refuse_if_failing()
+        if refused is not None:
+            return refused
         if self.limiter is not None and n > 0:
-            self.limiter.insert(n, timeout)
+            try:
+                await self.limiter.insert_async(n, timeout)
+            except (RateLimitTimeout, RateLimitDeadlock) as exc:
+                return exc
             held = self.rows[shard] + n
             self.rows[shard] = min(held, self.capacity)
             if held > self.capacity:
                 self.limiter.delete(held - self.capacity)
         return True
 
-    def admit_sample(self, n: int, timeout: float | None) -> bool | ReplayBufferError:
-        """Wait until ``n`` samples are admitted, then count them; ``True``.
-
-        A refusal (:class:`~objectrl_buffer.errors.RateLimitTimeout`, ``RateLimitDeadlock``: nothing counted) is
-        *returned*: the shards hand it back as their draw and the handle raises it. Raised here, it would sit as
-        an error in every shard's result ref, and a draw that nobody fetches (a prefetch that ended) would be
-        logged by Ray as an unhandled error.
-        """
-        with self.gate:
-            pass
+    async def admit_sample(self, n: int, timeout: float | None) -> bool | ReplayBufferError:
+        """Wait until ``n`` samples are admitted, then count them; ``True``, or the refusal, returned (see the
+        module docs; nothing counted)."""
+        await self.resumed.wait()
+        refused = self._refuse_if_failing()
+        if refused is not None:
+            return refused
         if self.limiter is not None:
             try:
-                self.limiter.sample(n, timeout)
+                await self.limiter.sample_async(n, timeout)
             except (RateLimitTimeout, RateLimitDeadlock) as exc:
                 return exc
         return True
 
-    def counters(self) -> dict[str, int]:
+    async def counters(self) -> dict[str, int]:
         """The limiter's ``inserts``, ``samples`` and ``deletes`` (empty without a limiter)."""
         if self.limiter is None:
             return {}
@@ -128,19 +209,48 @@ class Coordinator:
         return {key: int(values[key]) for key in ("inserts", "samples", "deletes")}
 
     # ------------------------------------------------------------------ checkpoints
-    def checkpoint(self) -> int:
-        """Take one consistent cut of every shard and the limiter (see the module docs); its generation."""
-        import ray
+    async def checkpoint(self) -> int:
+        """Take one consistent cut of every shard and the limiter (see the module docs); its generation.
 
+        A failed cut is counted (:meth:`cut_status`), logged as a warning, and raised."""
+        try:
+            generation = await self._cut()
+        except Exception as exc:
+            self.failed_cuts += 1
+            self.failing += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            logger.warning(
+                "remote buffer: checkpoint cut failed (%d in a row, %d in all; last good cut: %s): %s",
+                self.failing,
+                self.failed_cuts,
+                _age(self.last_good),
+                self.last_error,
+            )
+            raise
+        self.failing, self.last_good, self.last_error = 0, time.time(), None
+        return generation
+
+    async def _cut(self) -> int:
         assert self.root is not None
-        with self.gate:
-            generation = self.generation + 1
-            os.makedirs(generation_folder(self.root, generation), exist_ok=True)
-            limiter = self.limiter.state()[1] if self.limiter is not None else {}
-            rows = ray.get([shard.checkpoint.remote(generation) for shard in self.shards])
-            kept = [*self.kept, generation][-self.keep_last :]
-            write_manifest(self.root, {"generation": generation, "rows": rows, "limiter": limiter, "kept": kept})
-            self.generation, self.kept = generation, kept
-            ray.get([shard.commit.remote(generation) for shard in self.shards])
-        prune(self.root, set(kept))
+        async with self.cutting:
+            self.resumed.clear()
+            try:
+                generation = await self._save()
+            finally:
+                self.resumed.set()
+        prune(self.root, set(self.kept))
+        return generation
+
+    async def _save(self) -> int:
+        """The cut itself, admissions paused: every shard saves, then the manifest, then the shards' commits."""
+        assert self.root is not None
+        generation = self.generation + 1
+        os.makedirs(generation_folder(self.root, generation), exist_ok=True)
+        limiter = self.limiter.state()[1] if self.limiter is not None else {}
+        rows = list(await asyncio.gather(*[shard.checkpoint.remote(generation) for shard in self.shards]))
+        kept = [*self.kept, generation][-self.keep_last :]
+        manifest = {"generation": generation, "rows": rows, "limiter": limiter, "kept": kept, "time": time.time()}
+        write_manifest(self.root, manifest)
+        self.generation, self.kept = generation, kept
+        await asyncio.gather(*[shard.commit.remote(generation) for shard in self.shards])
         return generation

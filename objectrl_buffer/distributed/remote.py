@@ -6,13 +6,13 @@ checkpoints are asked for, one :class:`~.coordinator.Coordinator` actor. Payload
 (Ray's zero-copy path; torch tensors are pickled copies, 10-40x slower); Ray carries the calls.
 
 * Writes go to the shards in turn (``add``, ``add_batch``); :meth:`RemoteBuffer.writer` batches single adds
-  client-side into preallocated columns, with at most ``max_in_flight`` batches on their way. Every write
-  carries ``(stream id, seq)``: a write retried after a shard restart is stored exactly once, and so is each
-  acknowledged write of threads sharing one handle (each call in flight has a stream of its own, see
-  ``RemoteBuffer._take``) or one :class:`Writer` (its calls take turns on a lock). A writer on a
-  shard's own node keeps its columns in files of its own in ``/dev/shm`` and sends that shard only a small
-  :class:`~.shard.SharedRows` descriptor: the shard copies the rows straight from its mapping of the files
-  (no serialization, no object store).
+  client-side (:class:`~.writer.Writer`, in :mod:`.writer`) into preallocated columns, with at most
+  ``max_in_flight`` batches on their way. Every write carries ``(stream id, seq)``: a write retried after a shard
+  restart is stored exactly once, and so is each acknowledged write of threads sharing one handle (each call in
+  flight has a stream of its own, see ``RemoteBuffer._take``) or one :class:`Writer` (its calls take turns on a
+  lock). A writer on a shard's own node keeps its columns in files of its own in ``/dev/shm`` and sends that shard
+  only a small :class:`~.shard.SharedRows` descriptor: the shard copies the rows straight from its mapping of the
+  files (no serialization, no object store).
 * :meth:`RemoteBuffer.sample_batch` is one round trip: every non-empty shard draws ``batch_size`` rows by its
   own rule and reports its mass (rows; prioritized: ``sum (p + eps) ** alpha``), the handle splits the batch by
   a multinomial draw proportional to the masses and keeps that many of each shard's rows: every row has
@@ -32,14 +32,11 @@ checkpoints are asked for, one :class:`~.coordinator.Coordinator` actor. Payload
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
-import os
-import shutil
 import threading
 import time
 import uuid
-import weakref
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -49,39 +46,31 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from objectrl_buffer.core.keys import INDEX_KEY, WEIGHT_KEY
-from objectrl_buffer.core.schema import Key, Schema
+from objectrl_buffer.core.schema import Key
 from objectrl_buffer.core.validate import positive_int, real_in
+from objectrl_buffer.distributed.admission import Asked, admit
 from objectrl_buffer.distributed.coordinator import Coordinator
+from objectrl_buffer.distributed.ray_import import ray_module as _ray
 from objectrl_buffer.distributed.shard import (
     GENERATION_KEY,
-    MISSING,
     RAW_WEIGHT,
     Shard,
-    SharedRows,
-    column_path,
-    flat,
     to_numpy,
     unpack,
 )
-from objectrl_buffer.errors import BufferUnavailable, EmptyBufferError, InvalidArgumentError, ReplayBufferError
+from objectrl_buffer.distributed.writer import Writer
+from objectrl_buffer.errors import (
+    BufferUnavailable,
+    CheckpointError,
+    EmptyBufferError,
+    InvalidArgumentError,
+    ReplayBufferError,
+)
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.flow.limiter import RateLimiter
-from objectrl_buffer.storage.fast_write import FastWriter
-from objectrl_buffer.storage.folders import make_owned, sweep_once
-from objectrl_buffer.storage.placement import SHM_DIR, default_parent, is_tmpfs, reserve
 from objectrl_buffer.storage.table import make_tensordict
 
 __all__ = ["RemoteBuffer", "Shard", "Writer", "GENERATION_KEY", "to_numpy"]
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ImportError(
-            "objectrl_buffer.distributed.RemoteBuffer needs Ray: pip install 'objectrl_buffer[ray]'"
-        ) from None
-    return ray
 
 
 class RemoteBuffer:
@@ -102,8 +91,16 @@ class RemoteBuffer:
         limited: bool = False,
         num_envs: int = 1,
         retry_timeout_s: float = 30.0,
+        max_failed_cuts: int = 3,
+        buffer_id: str = "",
     ) -> None:
         self.shards, self.capacity, self.beta = shards, capacity, beta
+        self.buffer_id = buffer_id
+        self.max_failed_cuts = max_failed_cuts
+        self._cuts_ref: Any = None  # a cut_status() call on its way (see _check_cuts)
+        self._cuts_asked = -math.inf  # when it was sent (time.monotonic())
+        self._cuts: dict[str, Any] = {}  # the last cut status seen
+        self._warned_failures = 0  # failed cuts already warned about
         self.coordinator, self.limited, self.num_envs = coordinator, limited, num_envs
         self.retry_timeout_s = retry_timeout_s
         self.generator = torch.Generator()
@@ -133,6 +130,7 @@ class RemoteBuffer:
         max_restarts: int = 3,
         retry_timeout_s: float = 30.0,
         actor_options: Mapping[str, Any] | None = None,
+        max_failed_cuts: int = 3,
         **kwargs: Any,
     ) -> RemoteBuffer:
         """Start ``num_shards`` actors holding ``buffer_cls(*args, **kwargs)`` each (``seed`` differs per shard).
@@ -147,6 +145,9 @@ class RemoteBuffer:
             retry_timeout_s: how long a call retries a dead shard before
                 :class:`~objectrl_buffer.errors.BufferUnavailable`.
             actor_options: Ray options of the shard actors (default ``{"num_cpus": 0}``).
+            max_failed_cuts: after this many checkpoint cuts failed in a row, writes and samples raise
+                :class:`~objectrl_buffer.errors.CheckpointError` until a cut succeeds (each failure is also
+                counted in :meth:`checkpoint_status` and warned about in the driver).
 
         Raises:
             ImportError: Ray is not installed. InvalidArgumentError: a bad argument, named.
@@ -155,6 +156,7 @@ class RemoteBuffer:
         n = positive_int(num_shards, "num_shards")
         keep = positive_int(keep_last, "keep_last")
         retry_s = real_in(retry_timeout_s, "retry_timeout_s", 0.0, float("inf"))
+        max_failed = positive_int(max_failed_cuts, "max_failed_cuts")
         if checkpoint_every_s is not None:
             if checkpoint_path is None:
                 raise InvalidArgumentError("checkpoint_every_s needs a checkpoint_path")
@@ -168,16 +170,20 @@ class RemoteBuffer:
         options.setdefault("max_restarts", max_restarts)
         actor = ray.remote(Shard).options(**options)
         seed = kwargs.pop("seed", None)
+        buffer_id = uuid.uuid4().hex[:16]  # names the writers' folders a shard accepts (see Shard._map)
         shards = []
         for i in range(n):
             shard_kwargs = dict(kwargs, seed=None if seed is None else seed + i)
-            shards.append(actor.remote(buffer_cls, args, shard_kwargs, i, root, resume))
+            shards.append(actor.remote(buffer_cls, args, shard_kwargs, i, root, resume, buffer_id))
         capacity, num_envs = ray.get([shards[0].get.remote("buffer_size"), shards[0].get.remote("num_envs")])
         beta = ray.get(shards[0].get.remote("beta")) if hasattr(buffer_cls, "update_priority") else None
         coordinator = None
         if rate_limiter is not None or root is not None:
-            coord = ray.remote(Coordinator).options(num_cpus=0, max_concurrency=64, max_restarts=max_restarts)
-            coordinator = coord.remote(shards, rate_limiter, int(capacity), root, checkpoint_every_s, keep, resume)
+            # an async actor: a waiting admission is a coroutine, not a thread (see .coordinator)
+            coord = ray.remote(Coordinator).options(num_cpus=0, max_concurrency=100_000, max_restarts=max_restarts)
+            coordinator = coord.remote(
+                shards, rate_limiter, int(capacity), root, checkpoint_every_s, keep, resume, max_failed
+            )
             ray.get(coordinator.counters.remote())  # started (and resumed) before the first write
         return cls(
             shards,
@@ -188,6 +194,8 @@ class RemoteBuffer:
             limited=rate_limiter is not None,
             num_envs=int(num_envs),
             retry_timeout_s=retry_s,
+            max_failed_cuts=max_failed,
+            buffer_id=buffer_id,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -196,6 +204,8 @@ class RemoteBuffer:
             "limited": self.limited,
             "num_envs": self.num_envs,
             "retry_timeout_s": self.retry_timeout_s,
+            "max_failed_cuts": self.max_failed_cuts,
+            "buffer_id": self.buffer_id,
         }
         return (_rebuild, (self.shards, self.capacity, self.beta, settings))
 
@@ -260,9 +270,9 @@ class RemoteBuffer:
         stream[1] = seq + 1
         answered = False
         try:
-            admitted = self.admission(i, rows, timeout)
+            self.admit_insert(i, rows, timeout)
             submit = getattr(self.shards[i], method).remote
-            self.retry(f"{what} to shard {i}", lambda: submit(data, writer, seq, admitted))
+            self.retry(f"{what} to shard {i}", lambda: submit(data, writer, seq))
             answered = True
         except (ReplayBufferError, _ray().exceptions.RayTaskError):  # answered, or the last try failed
             answered = True
@@ -272,11 +282,19 @@ class RemoteBuffer:
                 with self._lock:
                     self._idle.append(stream)
 
-    def admission(self, shard: int, rows: int, timeout: float | None) -> Any:
-        """The limiter's admission ref of ``rows`` bound for ``shard`` (``None`` without a limiter)."""
+    def admit_insert(self, shard: int, rows: int, timeout: float | None) -> None:
+        """Wait until the limiter admits ``rows`` bound for ``shard`` (at once without a limiter; see
+        :mod:`.admission`: asked again of a restarted coordinator, never let through unadmitted).
+
+        Raises:
+            RateLimitTimeout, RateLimitDeadlock, CheckpointError, BufferUnavailable: see :func:`.admission.admit`.
+        """
+        self.check_cuts()
         if not self.limited:
-            return None
-        return self.coordinator.admit_insert.remote(shard, rows, timeout)
+            return
+        coordinator = self.coordinator
+        asked = Asked(lambda left: coordinator.admit_insert.remote(shard, rows, left), timeout)
+        admit(asked, f"insert of {rows} rows", self.retry_timeout_s)
 
     # ------------------------------------------------------------------ writes
     def add(self, transition: TensorDictBase | Mapping[str, Any], *, timeout: float | None = None) -> None:
@@ -328,26 +346,61 @@ class RemoteBuffer:
     def __len__(self) -> int:
         return sum(rows for rows, _ in self.stats())
 
-    def submit_sample(self, batch_size: int, timeout: float | None = None) -> list[Any]:
-        """The refs of one :meth:`sample_batch` (see :meth:`finish_sample`): admission, then each shard's draw."""
-        admitted = self.coordinator.admit_sample.remote(batch_size, timeout) if self.limited else None
-        return [shard.sample.remote(batch_size, admitted) for shard in self.shards]
+    def submit_sample(self, batch_size: int, timeout: float | None = None) -> Draw:
+        """Start one :meth:`sample_batch` (see :meth:`finish_sample`): its admission is asked, and the shards'
+        draws are sent at once without a limiter, else once it is admitted (:meth:`advance`, or at the finish)."""
+        self.check_cuts()
+        draw = Draw(batch_size)
+        if self.limited:
+            coordinator = self.coordinator
+            draw.asked = Asked(lambda left: coordinator.admit_sample.remote(batch_size, left), timeout)
+        else:
+            draw.refs = self._draws(batch_size)
+        return draw
 
-    def finish_sample(self, batch_size: int, refs: list[Any], timeout: float | None = None) -> TensorDict:
-        """The batch of :meth:`submit_sample` ``refs`` (drawn again if a shard died meanwhile, or if the limiter
-        admitted it before any admitted row had landed: see :meth:`draw_admitted`)."""
+    def _draws(self, batch_size: int, counted: bool = False) -> list[Any]:
+        """Every shard's draw; ``counted``: the first draw of an admitted sample (shard 0 counts it, see
+        :meth:`.shard.Shard.sample`)."""
+        count = batch_size if counted and self.limited else 0
+        return [shard.sample.remote(batch_size, None, count if i == 0 else 0) for i, shard in enumerate(self.shards)]
+
+    def advance(self, draw: Draw) -> None:
+        """Send ``draw``'s shard draws if its admission has come (never waits; a refusal is kept for the finish)."""
+        if draw.refs is not None or draw.error is not None or draw.asked is None or not draw.asked.ready():
+            return
+        try:
+            admit(draw.asked, f"sample of {draw.batch_size} rows", self.retry_timeout_s)
+        except ReplayBufferError as exc:
+            draw.error = exc
+            return
+        draw.refs = self._draws(draw.batch_size, counted=True)
+
+    def finish_sample(self, batch_size: int, draw: Draw, timeout: float | None = None) -> TensorDict:
+        """The batch of :meth:`submit_sample`'s ``draw``: waits for its admission first (the shards draw only
+        admitted samples, also while the coordinator is down: see :mod:`.admission`), drawn again if a shard
+        died meanwhile, or if the limiter admitted it before any admitted row had landed (see
+        :meth:`draw_admitted`).
+
+        Raises:
+            RateLimitTimeout, RateLimitDeadlock: not admitted. BufferUnavailable: see :meth:`retry`.
+        """
         ray = _ray()
+        if draw.error is not None:
+            raise draw.error
+        if draw.refs is None:
+            assert draw.asked is not None
+            admit(draw.asked, f"sample of {batch_size} rows", self.retry_timeout_s)
+            draw.refs = self._draws(batch_size, counted=True)
+        refs, draw.refs = draw.refs, []
         try:
             got = _get_all(refs)
-        except ray.exceptions.RayActorError:
-            got = self.retry("sample_batch", lambda: [s.sample.remote(batch_size) for s in self.shards])
+        except ray.exceptions.RayActorError:  # admitted already: drawn again
+            got = self.retry("sample_batch", lambda: self._draws(batch_size))
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, ReplayBufferError):
                 raise exc.cause from None
             raise
-        refused = next((draw for draw in got if isinstance(draw, ReplayBufferError)), None)
-        if refused is not None:  # the limiter's refusal, handed back by the shards
-            raise refused
+        del refs
         try:
             return self.assemble(batch_size, got)
         except EmptyBufferError:
@@ -368,7 +421,7 @@ class RemoteBuffer:
         while True:
             time.sleep(pause)
             pause = min(2 * pause, 0.05)
-            got = self.retry("sample_batch", lambda: [s.sample.remote(batch_size) for s in self.shards])
+            got = self.retry("sample_batch", lambda: self._draws(batch_size))
             try:
                 return self.assemble(batch_size, got)
             except EmptyBufferError:
@@ -425,10 +478,12 @@ class RemoteBuffer:
         queue = deque(self.submit_sample(k, timeout) for _ in range(depth))
         try:
             while True:
-                refs = queue.popleft()
+                draw = queue.popleft()
                 queue.append(self.submit_sample(k, timeout))
-                batch = self.finish_sample(k, refs, timeout)
-                del refs
+                batch = self.finish_sample(k, draw, timeout)
+                del draw
+                for later in queue:  # admitted meanwhile: their draws go now, ready by the next batch
+                    self.advance(later)
                 yield batch
         finally:
             queue.clear()
@@ -465,6 +520,64 @@ class RemoteBuffer:
             raise InvalidArgumentError("checkpoint: launch the buffer with checkpoint_path=...")
         return int(self.retry("checkpoint", lambda: self.coordinator.checkpoint.remote()))
 
+    def checkpoint_status(self) -> dict[str, Any]:
+        """How the checkpoint cuts fare: ``failed_cuts`` (failed since the coordinator started), ``failing`` (in a
+        row), ``last_cut_age_s`` (seconds since the last good cut; ``None``: none yet), ``last_error`` and
+        ``max_failed_cuts`` (empty without a coordinator). A failure not seen before is warned about here too.
+
+        Raises:
+            CheckpointError: ``max_failed_cuts`` cuts failed in a row (see :meth:`launch`).
+        """
+        if self.coordinator is None:
+            return {}
+        status = dict(self.retry("checkpoint_status", lambda: self.coordinator.cut_status.remote()))
+        self._cuts_ref, self._cuts_asked = None, time.monotonic()
+        self._saw_cuts(status)
+        return status
+
+    def check_cuts(self) -> None:
+        """What each write and sample calls: read the coordinator's cut status when its answer has come (never
+        waiting for it; asked again at most once a second), warn about new failures, and refuse the call once
+        ``max_failed_cuts`` cuts failed in a row.
+
+        Raises:
+            CheckpointError: see :meth:`checkpoint_status`.
+        """
+        if self.coordinator is None:
+            return
+        ray = _ray()
+        if self._cuts_ref is not None and ray.wait([self._cuts_ref], timeout=0)[0]:
+            ref, self._cuts_ref = self._cuts_ref, None
+            try:
+                status = ray.get(ref)
+            except ray.exceptions.RayError:  # the coordinator is restarting: asked again later
+                status = None
+            if status is not None:
+                self._cuts = status
+        if self._cuts_ref is None and time.monotonic() - self._cuts_asked >= 1.0:
+            self._cuts_ref, self._cuts_asked = self.coordinator.cut_status.remote(), time.monotonic()
+        self._saw_cuts(self._cuts)
+
+    def _saw_cuts(self, status: dict[str, Any]) -> None:
+        self._cuts = status
+        failed = int(status.get("failed_cuts", 0))
+        if failed < self._warned_failures:  # a restarted coordinator counts from 0
+            self._warned_failures = 0
+        if failed > self._warned_failures:
+            self._warned_failures = failed
+            warnings.warn(
+                f"remote buffer: {failed} checkpoint cut(s) failed ({status.get('failing')} in a row, last good cut "
+                f"{_age(status.get('last_cut_age_s'))}): {status.get('last_error')}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        if int(status.get("failing", 0)) >= self.max_failed_cuts:
+            raise CheckpointError(
+                f"remote buffer: the last {status.get('failing')} checkpoint cuts failed "
+                f"({status.get('last_error')}; last good cut {_age(status.get('last_cut_age_s'))}): "
+                "writes and samples are refused until a cut succeeds (handle.checkpoint())"
+            )
+
     def limiter_counters(self) -> dict[str, int]:
         """The shared limiter's ``inserts``, ``samples``, ``deletes`` (empty without one)."""
         if self.coordinator is None:
@@ -473,19 +586,49 @@ class RemoteBuffer:
 
     def save(self, path: str, data: bool = False) -> None:
         """Each shard's ``save`` to ``<path>.shard-<i>`` (for one consistent cut use :meth:`checkpoint`)."""
-        self.retry(
-            "save", lambda: [s.call.remote("save", f"{path}.shard-{i}", data) for i, s in enumerate(self.shards)]
-        )
+        self.retry("save", lambda: [s.save.remote(f"{path}.shard-{i}", data) for i, s in enumerate(self.shards)])
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """``buffer.<name>(*args, **kwargs)`` on every shard; their results."""
+        """``buffer.<name>(*args, **kwargs)`` on every shard; their results. Only the read methods in
+        :data:`.shard.CALLABLE` (``sample_all``, ``__len__``, the ``sample*`` methods, ...): writes go through
+        :meth:`add` / :meth:`add_batch` / :meth:`writer`, saves through :meth:`save` / :meth:`checkpoint`.
+
+        Raises:
+            InvalidArgumentError: any other name (nothing called).
+        """
         return list(self.retry(name, lambda: [s.call.remote(name, *args, **kwargs) for s in self.shards]))
 
-    def kill(self) -> None:
-        """Stop the shard actors (and the coordinator) for good."""
+    def kill(self, close_timeout_s: float = 30.0) -> None:
+        """Close every shard's buffer, then stop the shard actors (and the coordinator) for good.
+
+        Closing frees each shard's storage: its folder under ``storage_dir`` (or ``/dev/shm``) and the files in
+        it go. A shard that has not closed within ``close_timeout_s`` (dead, or busy) is killed as it is; its
+        folder is then an orphan whose lock the kernel freed, removed by ``objectrl-buffer clean`` or the next
+        buffer's sweep of that folder.
+        """
         ray = _ray()
+        closing = [shard.close.remote() for shard in self.shards]
+        ray.wait(closing, num_returns=len(closing), timeout=close_timeout_s)
+        for ref in closing:
+            with contextlib.suppress(ray.exceptions.RayError):  # GetTimeoutError too: killed as it is
+                ray.get(ref, timeout=0)
         for actor in [*self.shards, *([self.coordinator] if self.coordinator is not None else [])]:
             ray.kill(actor, no_restart=True)
+
+
+class Draw:
+    """One sample on its way (:meth:`RemoteBuffer.submit_sample`): its admission (``asked``; ``None`` without a
+    limiter), the shards' draw refs once sent (``refs``), and a refusal met early (``error``)."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.asked: Asked | None = None
+        self.refs: list[Any] | None = None
+        self.error: ReplayBufferError | None = None
+
+
+def _age(seconds: float | None) -> str:
+    return "none yet" if seconds is None else f"{seconds:.1f} s ago"
 
 
 def _get_all(refs: list[Any]) -> list[Any]:
@@ -505,364 +648,3 @@ def _get_all(refs: list[Any]) -> list[Any]:
 
 def _rebuild(shards: list[Any], capacity: int, beta: float | None, settings: dict[str, Any]) -> RemoteBuffer:
     return RemoteBuffer(shards, capacity, beta, **settings)
-
-
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    return torch.empty(0, dtype=dtype).numpy().dtype
-
-
-class _Columns:
-    """One batch being filled: preallocated NumPy columns of ``batch_size`` rows and the library's compiled
-    per-schema row writer over them (:func:`~objectrl_buffer.storage.row_writer.compile_row_writer`, the
-    single-process ``add``'s fast path): one call checks a plain row's keys, dtypes and shapes and stores it,
-    or declines (nothing written).
-
-    With a ``folder``, the columns are files there (set ``index``, :func:`~.shard.column_path`), their pages
-    reserved up front (a full tmpfs raises ``OSError`` here, never ``SIGBUS`` on a later write), mapped
-    shared: a shard on this node reads them as they are.
-
-    Raises:
-        OSError: the files could not be made (none are left behind).
-    """
-
-    def __init__(self, schema: Schema, batch_size: int, folder: str | None = None, index: int = 0) -> None:
-        self.folder, self.index, self.capacity = folder, index, batch_size
-        self.layout = tuple(
-            (str(field.key), _numpy_dtype(field.dtype).str, tuple(field.shape)) for field in schema.fields
-        )
-        if folder is None:
-            self.columns: dict[str, np.ndarray] = {
-                key: np.empty((batch_size, *shape), dtype=dtype) for key, dtype, shape in self.layout
-            }
-        else:
-            paths = [column_path(folder, index, j) for j in range(len(self.layout))]
-            try:
-                self.columns = {
-                    key: np.asarray(np.memmap(path, np.dtype(dtype), "w+", 0, (batch_size, *shape)))
-                    for path, (key, dtype, shape) in zip(paths, self.layout, strict=True)
-                }
-                reserve(paths)
-            except (OSError, ValueError) as exc:
-                for path in paths:
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
-                raise OSError(f"writer column files in {folder}: {exc}") from None
-        views = {field.key: self.columns[str(field.key)] for field in schema.fields}
-        self.write_row = FastWriter(schema, views).write_row
-
-    def rows(self, n: int) -> dict[str, np.ndarray]:
-        """The first ``n`` rows of each column (views)."""
-        return {key: column[:n] for key, column in self.columns.items()}
-
-    def shared(self, n: int) -> SharedRows:
-        """The descriptor of the first ``n`` rows (only for a set in files)."""
-        assert self.folder is not None
-        return SharedRows(self.folder, self.index, n, self.capacity, self.layout)
-
-
-def _remove_folder(folder: str, lock_fd: int) -> None:
-    """Remove a writer's folder, then let go of its lock (run at :meth:`Writer.close` or process exit)."""
-    shutil.rmtree(folder, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        os.close(lock_fd)
-
-
-def _declined(data: Any, slot: int, cast_ok: Any = ()) -> bool:
-    """The row writer before the first row: declines every row (the first row fixes the schema)."""
-    return False
-
-
-class Writer:
-    """Batches single ``add`` s client-side into ``add_batch`` calls of ``batch_size`` rows (or whatever is
-    pending after ``flush_every_s``), with at most ``max_in_flight`` batches unacknowledged; a batch that
-    meets a restarting shard is sent again under its ``(writer_id, seq)`` (stored once). Use as a context
-    manager or call :meth:`flush`.
-
-    The first row fixes the schema (keys, per-row shapes and dtypes, as a buffer's first ``add`` does: a
-    Python float is stored as ``torch.get_default_dtype()``); rows are copied into preallocated NumPy columns
-    by the library's compiled row writer (~0.3 us a key for the plain form an env loop hands over: NumPy
-    arrays, Python numbers, CPU tensors). Anything else is checked by the schema's full rules, cast and
-    stored, or refused with a :class:`~objectrl_buffer.errors.SchemaError` naming the key. The columns of a
-    batch on its way are kept until the shard acknowledges it (a retry sends them again), then reused: at
-    most ``max_in_flight + 1`` sets exist.
-
-    Threads may share a writer: its calls take turns on a lock (held while a call waits for room in flight,
-    as that call would wait alone), so every row an ``add`` accepted is sent once, in one stream of seqs
-    (the lock costs ~0.1-0.2 us an ``add``). A writer per thread never waits for another thread's send.
-
-    ``flush_every_s`` is checked at each ``add`` (a writer that stops adding sends its pending rows at
-    :meth:`flush` or on leaving its ``with`` block).
-
-    Same node (``same_node`` not ``False``): when a shard runs on this process's Ray node, the column sets are
-    files in a private folder (:attr:`folder`, in ``/dev/shm`` when all ``max_in_flight + 1`` sets take at most
-    a quarter of its room, see :mod:`~objectrl_buffer.storage.placement`; else no files and every batch goes
-    through Ray), and a batch bound for such a shard travels as a :class:`~.shard.SharedRows` descriptor: the
-    shard copies the rows from its mapping of the files. A set is refilled only once its batch is acknowledged,
-    so a batch retried after a shard restart still finds its rows there (the restarted shard maps the files
-    anew). Batches bound for shards on other nodes travel through Ray as before. The folder goes at
-    :meth:`close` (also on leaving the ``with`` block) or at process exit; the kernel-held lock in it lets the
-    next writer's sweep remove it if this process is killed outright.
-    """
-
-    def __init__(
-        self,
-        remote: RemoteBuffer,
-        batch_size: int,
-        flush_every_s: float,
-        max_in_flight: int,
-        same_node: bool | None = None,
-    ) -> None:
-        self.remote = remote
-        self.batch_size = positive_int(batch_size, "batch_size")
-        self.flush_every_s = real_in(flush_every_s, "flush_every_s", 0.0, float("inf"))
-        self.max_in_flight = positive_int(max_in_flight, "max_in_flight")
-        if same_node not in (None, True, False):
-            raise InvalidArgumentError(f"same_node must be None, True or False, got {same_node!r}")
-        self.same_node = same_node
-        #: the folder of this writer's column files (``None``: every batch travels through Ray)
-        self.folder: str | None = None
-        self.local: list[bool] = []  # per shard: on this process's node (batches as descriptors)
-        self.sets = 0  # column sets made
-        self._decided = same_node is False
-        self._finalizer: weakref.finalize | None = None
-        self.writer_id = uuid.uuid4().hex
-        self.schema: Schema | None = None
-        self.keys: frozenset[str] = frozenset()
-        self.batch: _Columns | None = None  # the set being filled
-        self.spare: list[_Columns] = []  # sets whose batches were acknowledged
-        self.write_row: Callable[..., bool] = _declined  # the filled set's row writer
-        self.filled = 0
-        self.seq = 0
-        #: ``(ref, shard, seq, batch or its SharedRows, admission, column set or None)`` of each batch not yet
-        #: acknowledged.
-        self.in_flight: deque[tuple[Any, int, int, Any, Any, _Columns | None]] = deque()
-        self.deadline = time.monotonic() + self.flush_every_s
-        #: held by each public call: threads sharing this writer take turns (its batches, sets and seqs are
-        #: one stream; see the class docs)
-        self._lock = threading.Lock()
-
-    @property
-    def columns(self) -> dict[str, np.ndarray]:
-        """The columns being filled (``{}`` before the first row)."""
-        return {} if self.batch is None else self.batch.columns
-
-    def add(self, transition: TensorDictBase | Mapping[str, Any]) -> None:
-        """Queue one transition (sent with the next batch).
-
-        An earlier batch's refusal (a :class:`~objectrl_buffer.errors.SchemaError` from the shard, say) is
-        raised by the add whose full batch could not be sent because of it; that add's row is queued all the
-        same, and the batch goes with the next add or :meth:`flush`: no row is lost or added twice.
-
-        Raises:
-            InvalidArgumentError: its keys differ from the first row's. SchemaError: a value does not fit the
-            first row's schema (named). Nothing is queued then.
-        """
-        lock = self._lock
-        lock.acquire()  # not a with block: ~0.1 us less a row on CPython 3.11
-        try:
-            if self.filled >= self.batch_size:  # a full batch whose send failed: it goes first
-                self._send()
-            i = self.filled
-            if not self.write_row(transition, i):
-                self._add_checked(transition, i)
-            self.filled = i + 1
-            if self.filled >= self.batch_size or time.monotonic() >= self.deadline:
-                self._send()
-        finally:
-            lock.release()
-
-    def _add_checked(self, transition: TensorDictBase | Mapping[str, Any], i: int) -> None:
-        """The rows the compiled writer declined: the schema's full check, then the copy (or the error)."""
-        row = flat(transition)  # tensors kept: a 0-d float64 tensor fixes a float64 column, as in a buffer
-        if self.schema is None:
-            self.schema, _ = Schema.infer(row, batch_dims=0)
-            self.keys = frozenset(str(field.key) for field in self.schema.fields)
-        if self.batch is None:
-            self.batch = self._new_set()
-            self.write_row = self.batch.write_row
-        if row.keys() - {INDEX_KEY} != self.keys:
-            raise InvalidArgumentError(
-                f"writer.add: keys {sorted(row)} differ from the first row's {sorted(self.keys)}"
-            )
-        pairs, _ = self.schema.check(row, batch_dims=0)
-        assert self.batch is not None
-        for field, value in pairs:  # checked and converted: the copy cannot fail halfway
-            column = self.batch.columns[str(field.key)]
-            column[i] = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
-
-    def add_batch(self, batch: TensorDictBase | Mapping[str, Any]) -> None:
-        """Send a whole batch (after the single adds queued before it) without waiting for it to be stored:
-        at most ``max_in_flight`` batches are on their way."""
-        data = to_numpy(batch)
-        with self._lock:
-            self._send()
-            self._dispatch(data, None)
-
-    def _new_set(self) -> _Columns:
-        """A fresh column set: in this writer's files when a shard shares its node, else plain memory."""
-        assert self.schema is not None
-        if not self._decided:
-            self._open_folder()  # raises with same_node=True and no files: asked again at the next add
-            self._decided = True
-        if self.folder is not None:
-            try:
-                columns = _Columns(self.schema, self.batch_size, self.folder, self.sets)
-                self.sets += 1
-                return columns
-            except OSError:
-                if self.same_node:
-                    raise
-        return _Columns(self.schema, self.batch_size)
-
-    def _open_folder(self) -> None:
-        """Make this writer's folder if a shard shares its node and the sets fit (see the class docs)."""
-        assert self.schema is not None
-        ray = _ray()
-        me = str(ray.get_runtime_context().get_node_id())
-        self.local = [node == me for node in self.remote.node_ids()]
-        row_bytes = sum(math.prod(f.shape) * _numpy_dtype(f.dtype).itemsize for f in self.schema.fields)
-        need = (self.max_in_flight + 1) * self.batch_size * row_bytes
-        parent = default_parent(need)
-        why = None
-        if not any(self.local):
-            why = "no shard runs on this node"
-        elif not row_bytes or not all(math.prod(f.shape) for f in self.schema.fields):
-            why = "a column holds no bytes"
-        elif parent != SHM_DIR and not is_tmpfs(parent):
-            why = f"{need} bytes of column sets do not fit in {SHM_DIR}"
-        if why is None:
-            try:
-                sweep_once(parent)
-                folder, fd = make_owned(parent)
-            except OSError as exc:
-                why = f"no folder in {parent}: {exc}"
-            else:
-                self._finalizer = weakref.finalize(self, _remove_folder, folder, fd)
-                shards = [s for s, local in zip(self.remote.shards, self.local, strict=True) if local]
-                sees = self.remote.retry("sees", lambda: [s.sees.remote(folder) for s in shards])
-                seen = iter(sees)
-                self.local = [local and next(seen) for local in self.local]
-                if any(self.local):
-                    self.folder = folder
-                else:
-                    self._finalizer()
-                    self._finalizer = None
-                    why = f"no shard on this node sees {folder}"
-        if why is not None and self.same_node:
-            raise InvalidArgumentError(f"writer(same_node=True): {why}")
-
-    def _send(self) -> None:
-        self.deadline = time.monotonic() + self.flush_every_s
-        if not self.filled or self.batch is None or self.schema is None:
-            return
-        full, n = self.batch, self.filled
-        self.batch, self.write_row, self.filled = None, _declined, 0
-        try:  # sent first: the wait for room in flight frees a set to fill next (max_in_flight + 1 sets in all)
-            self._dispatch(full.rows(n), full)
-        except BaseException:  # not sent (an earlier batch's error): kept pending, sent by the next send
-            self.batch, self.write_row, self.filled = full, full.write_row, n
-            raise
-        self.batch = self.spare.pop() if self.spare else self._new_set()
-        self.write_row = self.batch.write_row
-
-    def _dispatch(self, batch: dict[str, Any], columns: _Columns | None) -> None:
-        while len(self.in_flight) >= self.max_in_flight:
-            self._settle()  # bounded: no refs pile up
-        remote = self.remote
-        shard = remote.next_shard()
-        admitted = remote.admission(shard, batch_rows(batch, remote.num_envs), None)
-        payload: dict[str, Any] | SharedRows = batch
-        if columns is not None and columns.folder is not None and self.local[shard]:
-            payload = columns.shared(len(next(iter(batch.values()))))  # the rows stay in the files
-        entry = (None, shard, self.seq, payload, admitted, columns)
-        self.in_flight.append((self._submit(entry), *entry[1:]))
-        self.seq += 1
-
-    def _submit(self, entry: tuple[Any, int, int, Any, Any, _Columns | None]) -> Any:
-        _, shard, seq, batch, admitted, _ = entry
-        return self.remote.shards[shard].add_batch.remote(batch, self.writer_id, seq, admitted)
-
-    def _done(self) -> None:
-        """The oldest batch is acknowledged (or refused): its columns may be filled again."""
-        columns = self.in_flight.popleft()[5]
-        if columns is not None:
-            self.spare.append(columns)
-
-    def _settle(self) -> None:
-        """Wait for the oldest batch. If its shard died, wait out the restart and send it and every later
-        batch again, in order (shards that stored one already acknowledge it without storing it twice).
-
-        Raises:
-            BufferUnavailable: the shard did not come back (see :meth:`RemoteBuffer.retry`).
-        """
-        ray = _ray()
-        try:
-            written = ray.get(self.in_flight[0][0])
-        except ray.exceptions.RayActorError:
-            self._resend()
-            return
-        except ray.exceptions.RayTaskError as exc:
-            self._done()
-            if isinstance(exc.cause, ReplayBufferError):
-                raise exc.cause from None
-            raise
-        if written == MISSING:  # the shard does not see this writer's files: rows through Ray from now on
-            self.local[self.in_flight[0][1]] = False
-            self._resend()
-            return
-        self._done()
-
-    def _resend(self) -> None:
-        """Send every batch in flight again, in order, once the oldest is stored (see :meth:`_settle`)."""
-        old = list(self.in_flight)
-        self.in_flight.clear()
-        while True:
-            old = [self._as_rows(entry) for entry in old]
-            if self.remote.retry("writer batch", functools.partial(self._submit, old[0])) != MISSING:
-                break
-            self.local[old[0][1]] = False  # restarted where the files are not
-        self.in_flight.extend((self._submit(entry), *entry[1:]) for entry in old[1:])
-        if old[0][5] is not None:
-            self.spare.append(old[0][5])
-
-    def _as_rows(self, entry: tuple[Any, int, int, Any, Any, _Columns | None]) -> tuple[Any, ...]:
-        """``entry`` with its rows instead of a descriptor when its shard no longer sees this writer's files."""
-        payload, columns = entry[3], entry[5]
-        if isinstance(payload, SharedRows) and columns is not None and not self.local[entry[1]]:
-            return (*entry[:3], columns.rows(payload.rows), *entry[4:])
-        return entry
-
-    def flush(self) -> None:
-        """Send what is pending and wait until every batch is stored."""
-        with self._lock:
-            self._flush()
-
-    def _flush(self) -> None:
-        self._send()
-        while self.in_flight:
-            self._settle()
-
-    def close(self) -> None:
-        """:meth:`flush`, then let the shards drop their mappings of this writer's files and remove them.
-        The writer stays usable, its later batches through Ray."""
-        with self._lock:
-            self._close()
-
-    def _close(self) -> None:
-        try:
-            self._flush()
-        finally:
-            if self._finalizer is not None:
-                ray = _ray()
-                shards = [s for s, local in zip(self.remote.shards, self.local, strict=True) if local]
-                with contextlib.suppress(ray.exceptions.RayError):  # a dead shard holds no mapping
-                    ray.get([s.release.remote(self.writer_id) for s in shards])
-                self._finalizer()
-                self._finalizer, self.folder = None, None
-                self.batch, self.spare, self.write_row, self.filled = None, [], _declined, 0
-
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -47,8 +47,9 @@ from objectrl_buffer.distributed.cut import (
     read_manifest,
     shard_path,
 )
-from objectrl_buffer.errors import BufferUnavailable, CheckpointError, ReplayBufferError
+from objectrl_buffer.errors import BufferUnavailable, CheckpointError, InvalidArgumentError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
+from objectrl_buffer.storage.folders import PREFIX
 from objectrl_buffer.storage.torchrl_compat import plain_items
 
 __all__ = [
@@ -146,6 +147,31 @@ def unpack(packed: bytes, copy: bool = True) -> tuple[float, int, dict[str, np.n
 MISSING = -1
 
 
+#: Buffer methods :meth:`Shard.call` runs (reads only: no ``save``/``load`` to a caller's path, no writes that
+#: bypass the ``(writer, seq)`` rule or the limiter).
+CALLABLE = frozenset(
+    {
+        "__len__",
+        "calculate_num_batches",
+        "sample",
+        "sample_all",
+        "sample_batch",
+        "sample_by_index",
+        "sample_by_index_fields",
+        "sample_random",
+        "sample_slices",
+    }
+)
+#: Buffer attributes :meth:`Shard.get` reads.
+READABLE = frozenset({"beta", "buffer_size", "num_envs"})
+
+
+def writer_prefix(buffer_id: str, writer: str) -> str:
+    """The name every folder of ``writer``'s column files starts with, for the buffer ``buffer_id``: a shard
+    maps only folders so named (:meth:`Shard.add_batch`)."""
+    return f"{PREFIX}writer-{buffer_id}-{writer}-"
+
+
 def column_path(folder: str, index: int, field: int) -> str:
     """The file of column ``field`` of a same-node writer's column set ``index`` in its ``folder``."""
     return os.path.join(folder, f"set-{index}-{field}.bin")
@@ -178,8 +204,9 @@ class ShardState:
     the last ``seq`` applied per writer (a JSON object in one string value), and the restarts' accounts:
     ``lost`` (rows acknowledged and dropped by restarts, not stored again since), ``pending`` (the writes
     among them a writer may still send again: ``{writer: {seq: rows}}``, a JSON string) and ``epoch`` (the
-    lifetime of the shard that saved it, see :mod:`.cut`). A checkpoint without the last three (an older
-    version's) reads as none lost, epoch 0."""
+    lifetime of the shard that saved it, see :mod:`.cut`), and ``sampled`` (admitted samples this shard was
+    told to count, see :meth:`Shard.sample`). A checkpoint without the last four (an older version's) reads as
+    none lost, epoch 0, none sampled."""
 
     name = "remote_shard"
 
@@ -190,6 +217,7 @@ class ShardState:
         self.lost = 0
         self.pending: dict[str, dict[int, int]] = {}
         self.epoch = 0
+        self.sampled = 0
 
     def state(self) -> tuple[Arrays, dict[str, ExtraValue]]:
         pending = {w: [[seq, rows] for seq, rows in p.items()] for w, p in self.pending.items()}
@@ -199,6 +227,7 @@ class ShardState:
             "lost": self.lost,
             "pending": json.dumps(pending),
             "epoch": self.epoch,
+            "sampled": self.sampled,
         }
 
     @staticmethod
@@ -228,7 +257,7 @@ class ShardState:
             raise CheckpointError(f"'{source}': bad remote_shard writers") from None
         if not (isinstance(seqs, dict) and all(isinstance(v, int) for v in seqs.values())):
             raise CheckpointError(f"'{source}': bad remote_shard writers")
-        for key in ("lost", "epoch"):
+        for key in ("lost", "epoch", "sampled"):
             value = values.get(key, 0)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
                 raise CheckpointError(f"'{source}': bad remote_shard {key}")
@@ -244,6 +273,7 @@ class ShardState:
         self.lost = int(values.get("lost", 0))
         self.pending = self._pending(values)
         self.epoch = int(values.get("epoch", 0))
+        self.sampled = int(values.get("sampled", 0))
 
 
 def _ints(value: Any, n: int) -> bool:
@@ -258,6 +288,8 @@ class Shard:
         index: this shard's number (names its checkpoint files).
         checkpoint_root: the remote buffer's ``checkpoint_path`` (``None``: no checkpoints, nothing to reload).
         resume: load the manifest's generation even on a first start (a restart always does).
+        buffer_id: the remote buffer's id: a :class:`SharedRows` batch is taken only from a folder named by
+            :func:`writer_prefix` for this buffer and its writer.
     """
 
     def __init__(
@@ -268,8 +300,10 @@ class Shard:
         index: int = 0,
         checkpoint_root: str | None = None,
         resume: bool = False,
+        buffer_id: str = "",
     ) -> None:
         self.buffer = buffer_cls(*args, **kwargs)
+        self.buffer_id = buffer_id
         self.capacity = int(self.buffer.buffer_size)
         self.num_envs = int(self.buffer.num_envs)
         self.state = ShardState(self.capacity)
@@ -384,9 +418,21 @@ class Shard:
     def _map(self, rows: SharedRows, writer: str) -> dict[str, np.ndarray]:
         """Views of the first ``rows.rows`` rows of a writer's column set, its files mapped on first use.
 
+        The folder must be the writer's own (its name starts with :func:`writer_prefix` of this buffer and
+        writer; no link), and the files are mapped copy-on-write: the shard never writes to them.
+
         Raises:
             BufferUnavailable: the files are gone (their writer closed) or are not on this shard's node.
+            InvalidArgumentError: the folder is not one this buffer's writer made (named in the message).
         """
+        folder = os.path.abspath(rows.folder)
+        if os.path.realpath(folder) != folder or not os.path.basename(folder).startswith(
+            writer_prefix(self.buffer_id, writer)
+        ):
+            raise InvalidArgumentError(
+                f"shard {self.index}: a shared-rows batch names folder {rows.folder!r}, not one of writer "
+                f"{writer!r}'s folders of this buffer ({writer_prefix(self.buffer_id, writer)}*): refused"
+            )
         sets = self.mapped.get(writer)
         if sets is None:  # a new writer: a good moment to drop the mappings of writers whose files are gone
             self.mapped = {w: m for w, m in self.mapped.items() if all(os.path.isdir(f) for f, _ in m)}
@@ -398,7 +444,7 @@ class Shard:
                 columns = {
                     key: np.asarray(
                         np.memmap(
-                            column_path(rows.folder, rows.index, j), np.dtype(dtype), "r+", 0, (rows.capacity, *per)
+                            column_path(rows.folder, rows.index, j), np.dtype(dtype), "c", 0, (rows.capacity, *per)
                         )
                     )
                     for j, (key, dtype, per) in enumerate(rows.layout)
@@ -431,6 +477,11 @@ class Shard:
         return dict(self.arrived)
 
     # ------------------------------------------------------------------ reads
+    def counts(self) -> tuple[int, int, int]:
+        """``(written, held, sampled)``: rows ever written (a restart reloads the cut's and counts on), rows held
+        now, and admitted samples counted here: what a restarted coordinator rebuilds its limiter from."""
+        return self.state.written, len(self.buffer), self.state.sampled
+
     def stats(self) -> tuple[int, float, int]:
         """``(rows, mass, lost)``: mass is the priority mass of a prioritized buffer, else the row count."""
         priorities = self.priorities
@@ -438,12 +489,14 @@ class Shard:
         mass = float(priorities.index.total()) if priorities is not None and size else float(size)
         return size, mass, self.lost
 
-    def sample(self, k: int, _admitted: Any = None) -> bytes | ReplayBufferError:
+    def sample(self, k: int, _admitted: Any = None, counted: int = 0) -> bytes | ReplayBufferError:
         """The shard's mass and ``k`` rows drawn by the buffer's own rule (with ``"generation"`` and, prioritized,
-        the raw weights), :func:`pack` ed; no rows when it holds none. ``_admitted``: the limiter's answer (a Ray
-        dependency); a refusal is returned as it is, nothing drawn (see ``Coordinator.admit_sample``)."""
+        the raw weights), :func:`pack` ed; no rows when it holds none. ``counted``: samples the limiter admitted
+        for this draw, added to this shard's count (the handle tells one shard per admitted sample: a restarted
+        coordinator adds them up, see :mod:`.coordinator`). ``_admitted``: a refusal is returned as it is."""
         if isinstance(_admitted, ReplayBufferError):
             return _admitted
+        self.state.sampled += counted
         _, mass, _ = self.stats()
         if not mass > 0:
             return pack(0.0, {})
@@ -497,9 +550,35 @@ class Shard:
         os.replace(path + ".tmp", path)
         self.journal = open(path, "a", buffering=1)  # noqa: SIM115
 
+    def close(self) -> None:
+        """Free the buffer's storage (its folder and files go) and close the journal: the actor is about to be
+        killed for good (:meth:`RemoteBuffer.kill <objectrl_buffer.distributed.remote.RemoteBuffer.kill>`)."""
+        self.mapped.clear()
+        self.buffer.close()
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
+
     # ------------------------------------------------------------------ anything else
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``buffer.<name>(*args, **kwargs)`` for a name in :data:`CALLABLE`.
+
+        Raises:
+            InvalidArgumentError: any other name (named).
+        """
+        if name not in CALLABLE:
+            raise InvalidArgumentError(
+                f"call: {name!r} is not one of the buffer methods a shard runs ({sorted(CALLABLE)})"
+            )
         return getattr(self.buffer, name)(*args, **kwargs)
 
     def get(self, name: str) -> Any:
+        """``buffer.<name>`` for a name in :data:`READABLE`. Raises as :meth:`call`."""
+        if name not in READABLE:
+            raise InvalidArgumentError(f"get: {name!r} is not one of the attributes a shard reads ({sorted(READABLE)})")
         return getattr(self.buffer, name)
+
+    def save(self, path: str, data: bool = False) -> None:
+        """The buffer's ``save(path, data)`` (:meth:`RemoteBuffer.save
+        <objectrl_buffer.distributed.remote.RemoteBuffer.save>`)."""
+        self.buffer.save(path, data)

@@ -35,13 +35,16 @@ LOCK_NAME = ".owner.lock"
 _swept: set[str] = set()  # parents swept by this process (a forked child inherits it: its parent swept)
 
 
-def make_owned(parent: str) -> tuple[str, int]:
-    """Create a private folder in ``parent`` (which must exist) and lock it for this process.
+def make_owned(parent: str, prefix: str = PREFIX) -> tuple[str, int]:
+    """Create a private folder in ``parent`` (which must exist) and lock it for this process; its name starts
+    with ``prefix`` (one that starts with :data:`PREFIX`, so sweeps find it).
 
     Returns the folder and the descriptor holding its lock: keep it open for the folder's life and
     close it after removing the folder.
     """
-    folder = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
+    if not prefix.startswith(PREFIX):
+        raise ValueError(f"make_owned: prefix {prefix!r} must start with {PREFIX!r}")
+    folder = tempfile.mkdtemp(prefix=prefix, dir=parent)
     try:
         fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError:

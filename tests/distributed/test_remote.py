@@ -360,11 +360,18 @@ def test_checkpoint_restart_and_exactly_once_writes(local_ray: None, tmp_path: A
     assert sorted(steps[110:]) == from_writer + after_kill + list(range(600, 610))
     lost_after_cut = 20 + (30 - len(from_writer)) + (5 - len(after_kill))
     assert remote.lost_rows == lost_after_cut  # what the shard had acknowledged after the cut
-    # the limiter's counters are in the cut: a restarted coordinator resumes from them
+    # a restarted coordinator rebuilds its counters from the shards: they count the rows held, not the rows the
+    # shard's restart lost (issue 23, bug 4)
     remote.checkpoint()
     counted = remote.limiter_counters()
+    pid = ray.get(remote.coordinator.__ray_call__.remote(lambda self: os.getpid()))
     ray.kill(remote.coordinator, no_restart=False)
-    assert remote.limiter_counters() == counted
+    deadline = time.monotonic() + 60  # restarted (writes ask it for admission before they reach a shard)
+    while remote.retry("pid", lambda: remote.coordinator.__ray_call__.remote(lambda self: os.getpid())) == pid:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    rebuilt = remote.limiter_counters()
+    assert rebuilt["inserts"] - rebuilt["deletes"] == len(remote) and rebuilt["samples"] == counted["samples"]
     # a shard that never comes back: a clear error once the retries run out
     remote.retry_timeout_s = 0.3
     ray.kill(remote.shards[0], no_restart=True)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.distributed.shard import MISSING, Shard, SharedRows, column_path, pack, unpack
+from objectrl_buffer.distributed.shard import MISSING, Shard, SharedRows, column_path, pack, unpack, writer_prefix
 from tests.support import rows
 
 DTYPES = [np.float32, np.float64, np.int64, np.int32, np.uint8, np.bool_, np.float16]
@@ -61,7 +61,7 @@ def test_shared_rows_are_stored_once_and_missing_files_refuse_until_resent(tmp_p
     as a payload would be, once per ``(writer, seq)``; a batch whose files it cannot find is refused
     (``MISSING``), and so is every later batch of that writer until the refused one comes again as rows."""
     shard = Shard(ReplayBuffer, ("cpu", "cpu", 100), {"seed": 0, "storage_dir": str(tmp_path / "s")})
-    folder = str(tmp_path / "w")
+    folder = str(tmp_path / (writer_prefix("", "w") + "x"))  # the folder name a shard accepts from writer "w"
     os.mkdir(folder)
     data = {k: v.numpy() for k, v in rows(0, 8).items()}
     layout = tuple((k, v.dtype.str, v.shape[1:]) for k, v in data.items())
@@ -89,13 +89,51 @@ def test_a_writer_that_insists_on_shared_files_refuses_every_add_without_them(mo
     import numpy as np
 
     from objectrl_buffer.distributed import remote as remote_module
+    from objectrl_buffer.distributed import writer as writer_module
     from objectrl_buffer.errors import InvalidArgumentError
 
     here = types.SimpleNamespace(get_node_id=lambda: "this-node")
-    monkeypatch.setattr(remote_module, "_ray", lambda: types.SimpleNamespace(get_runtime_context=lambda: here))
+    monkeypatch.setattr(writer_module, "_ray", lambda: types.SimpleNamespace(get_runtime_context=lambda: here))
     handle = types.SimpleNamespace(shards=["s0"], num_envs=1, node_ids=lambda: ["another-node"])
     writer = remote_module.Writer(handle, batch_size=8, flush_every_s=100.0, max_in_flight=2, same_node=True)  # type: ignore[arg-type]
     for _ in range(3):
         with pytest.raises(InvalidArgumentError, match="no shard runs on this node"):
             writer.add({"obs": np.zeros(4, np.float32), "reward": 1.0})
     assert writer.folder is None
+
+
+def test_a_shard_maps_only_its_writers_folders_and_runs_only_listed_calls(tmp_path: Any) -> None:
+    """Security (issue 23): a shared-rows descriptor naming a folder that is not the writer's own (another
+    name, or a link to one) is refused and nothing is stored; the files are never written by the shard; and
+    ``call``/``get`` run only the listed read methods (no ``save``/``load`` to a caller's path)."""
+    from pathlib import Path
+
+    from objectrl_buffer.errors import InvalidArgumentError
+
+    shard = Shard(ReplayBuffer, ("cpu", "cpu", 100), {"seed": 0, "storage_dir": str(tmp_path / "s")}, buffer_id="b1")
+    data = {k: v.numpy() for k, v in rows(0, 4).items()}
+    layout = tuple((k, v.dtype.str, v.shape[1:]) for k, v in data.items())
+    own = str(tmp_path / (writer_prefix("b1", "w") + "x"))
+    for folder in (own, str(tmp_path / "elsewhere"), str(tmp_path / (writer_prefix("b2", "w") + "x"))):
+        os.mkdir(folder)
+        for j, value in enumerate(data.values()):
+            np.memmap(column_path(folder, 0, j), value.dtype, "w+", 0, (4, *value.shape[1:]))[:] = value
+    os.symlink(own, str(tmp_path / (writer_prefix("b1", "w") + "link")))
+    for name in ("elsewhere", writer_prefix("b2", "w") + "x", writer_prefix("b1", "w") + "link"):
+        with pytest.raises(InvalidArgumentError, match="not one of writer"):
+            shard.add_batch(SharedRows(str(tmp_path / name), 0, 4, 4, layout), "w", 0)
+    with pytest.raises(InvalidArgumentError, match="not one of writer"):
+        shard.add_batch(SharedRows(own, 0, 4, 4, layout), "v", 0)  # another writer's name
+    assert len(shard.buffer) == 0
+    assert shard.add_batch(SharedRows(own, 0, 4, 4, layout), "w", 0) == 4
+    before = [Path(column_path(own, 0, j)).read_bytes() for j in range(len(layout))]
+    for column in shard.mapped["w"][(own, 0)][1].values():
+        column[:] = 0  # the shard's mapping is copy-on-write: the writer's files never change
+    assert [Path(column_path(own, 0, j)).read_bytes() for j in range(len(layout))] == before
+    for name in ("save", "load", "add_batch", "reset"):
+        with pytest.raises(InvalidArgumentError, match=name):
+            shard.call(name, str(tmp_path / "x"))
+    with pytest.raises(InvalidArgumentError, match="storage_dir"):
+        shard.get("storage_dir")
+    assert shard.call("__len__") == 4 and shard.get("buffer_size") == 100
+    shard.release("w")
