@@ -155,6 +155,11 @@ class RateLimiter:
         return self.inserts - self.deletes
 
     @property
+    def waiting(self) -> int:
+        """Calls blocked in this limiter now: waiting threads plus waiting coroutines (async admissions)."""
+        return sum(self._blocked.values()) + len(self._async_waiters)
+
+    @property
     def diff(self) -> float:
         """``inserts * samples_per_insert - samples``."""
         return self.inserts * self.samples_per_insert - self.samples

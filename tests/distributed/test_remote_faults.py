@@ -117,9 +117,7 @@ def test_a_writer_keeps_the_rows_it_could_not_deliver_and_sends_them_once(local_
 
 def waiting_admissions(remote: RemoteBuffer) -> int:
     """Admissions waiting in the coordinator's limiter (threads of a threaded actor, coroutines of an async one)."""
-    ask = remote.coordinator.__ray_call__.remote(
-        lambda self: len(self.limiter._blocked) + len(self.limiter._async_waiters)
-    )
+    ask = remote.coordinator.__ray_call__.remote(lambda self: self.limiter.waiting)
     return int(ray.get(ask, timeout=10))  # a coordinator whose threads are all taken never answers
 
 
