@@ -44,43 +44,27 @@ def atari_rows(n: int, episode: int, seed: int = 0) -> list[dict[str, torch.Tens
     return rows
 
 
-def run(capacity: int, rounds: int, compact: bool, rows: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+def run(
+    capacity: int, rounds: int, compact: bool, rows: list[dict[str, torch.Tensor]], shared: bool = False
+) -> dict[str, float]:
+    """Fill a buffer once, then time ``rounds`` blocks of 1,000 adds (overwriting, as in a long run) and 200
+    ``sample_batch(32)``; medians per call, and ``nbytes``.
+
+    ``shared``: the buffer in shared-memory mode (``become_shared``: what handing it to a child does), written
+    and sampled by this process; ``nbytes`` is then the pages the shared files take. Torch runs single-threaded
+    there (as in ``pixel_bench.py``): small ops on a loaded 2-core VM otherwise wait on threads."""
     kwargs = {"next_of": {"next_state": "state"}, "frame_stack": {"state": 4}} if compact else {}
     rb = ReplayBuffer("cpu", "cpu", capacity, seed=0, **kwargs)
     n = len(rows)
-    for t in range(capacity):  # fill once: the timed adds then overwrite, as in a long run
-        rb.add(rows[t % n])
-    adds, samples = [], []
-    t = capacity
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(1000):
-            rb.add(rows[t % n])
-            t += 1
-        adds.append((time.perf_counter() - start) / 1000)
-        start = time.perf_counter()
-        for _ in range(200):
-            rb.sample_batch(32)
-        samples.append((time.perf_counter() - start) / 200)
-    out = {"add": statistics.median(adds), "sample32": statistics.median(samples), "nbytes": rb.nbytes}
-    rb.close()
-    return out
+    first = 0
+    if shared:
+        from objectrl_buffer.distributed import become_shared
 
-
-def run_shared(capacity: int, rounds: int, compact: bool, rows: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """:func:`run` on the buffer in shared-memory mode (``become_shared``: what handing it to a child does),
-    written and sampled by this process; ``nbytes``: the pages the shared files take. Torch runs
-    single-threaded here (as in ``pixel_bench.py``): small ops on a loaded 2-core VM otherwise wait on threads."""
-    from objectrl_buffer.distributed import become_shared
-
-    torch.set_num_threads(1)
-
-    kwargs = {"next_of": {"next_state": "state"}, "frame_stack": {"state": 4}} if compact else {}
-    rb = ReplayBuffer("cpu", "cpu", capacity, seed=0, **kwargs)
-    rb.add(rows[0])
-    become_shared(rb)
-    n = len(rows)
-    for t in range(1, capacity):
+        torch.set_num_threads(1)
+        rb.add(rows[0])
+        become_shared(rb)
+        first = 1
+    for t in range(first, capacity):  # fill once: the timed adds then overwrite, as in a long run
         rb.add(rows[t % n])
     adds, samples = [], []
     t = capacity
@@ -120,8 +104,8 @@ def main() -> None:
     print(f"| nbytes (MB) | {p / 1e6:.1f} | {c / 1e6:.1f} | {c / p:.3f}x |")
     print(f"| nbytes / unique-frame bytes | {p / unique:.2f} | {c / unique:.3f} | |")
     if args.shared:  # the same, shared (one writer process: the per-step cost of the shared paths)
-        plain = run_shared(args.capacity, args.rounds, False, rows)
-        compact = run_shared(args.capacity, args.rounds, True, rows)
+        plain = run(args.capacity, args.rounds, False, rows, shared=True)
+        compact = run(args.capacity, args.rounds, True, rows, shared=True)
         print("\n| shared memory | plain | compact | compact / plain |")
         print("|---|---|---|---|")
         for key, unit, scale in (("add", "us", 1e6), ("sample32", "us", 1e6)):
