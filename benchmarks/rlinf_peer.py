@@ -10,6 +10,7 @@ takes RLinf's objects as they are. Used by
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import logging
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import types
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,22 @@ def module_path(cache_dir: str = DEFAULT_CACHE, download: bool = True) -> Path:
     with zipfile.ZipFile(found[0]) as zf:
         zf.extract(RLINF_MODULE, target.parents[2])
     return target
+
+
+@contextlib.contextmanager
+def stubbed(stubs: dict[str, types.ModuleType]) -> Iterator[None]:
+    """``stubs`` in ``sys.modules`` while the block runs (what an upstream file imports), then the entries
+    as they were (also any the block set under the same names)."""
+    saved = {key: sys.modules.get(key) for key in stubs}
+    sys.modules.update(stubs)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = value
 
 
 def _rlinf_trajectory() -> type:
@@ -84,18 +102,10 @@ def load(cache_dir: str = DEFAULT_CACHE, download: bool = True) -> Any:
     stubs["rlinf.data.embodied_io_struct"].Trajectory = RLINF_TRAJECTORY  # type: ignore[attr-defined]
     stubs["rlinf.utils.logging"].get_logger = lambda: logging.getLogger("rlinf")  # type: ignore[attr-defined]
     logging.getLogger("rlinf").setLevel(logging.ERROR)
-    saved = {key: sys.modules.get(key) for key in stubs}
-    sys.modules.update(stubs)
-    try:
+    with stubbed(stubs):
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                sys.modules.pop(key, None)
-            else:
-                sys.modules[key] = value
     sys.modules[name] = module
     return module

@@ -60,18 +60,10 @@ def io() -> Any:
         return sys.modules[name]
     root = _extracted()
     stubs = {key: types.ModuleType(key) for key in ("rlinf", "rlinf.utils", "rlinf.utils.nested_dict_process")}
-    saved = {key: sys.modules.get(key) for key in stubs}
-    try:
-        helpers = _exec("rlinf.utils.nested_dict_process", root / _FILES[0])
-        sys.modules.update(stubs)
+    helpers = _exec("rlinf.utils.nested_dict_process", root / _FILES[0])
+    with rlinf_peer.stubbed(stubs):
         sys.modules["rlinf.utils.nested_dict_process"] = helpers
         module = _exec(name, root / _FILES[1])
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                sys.modules.pop(key, None)
-            else:
-                sys.modules[key] = value
     module.concat_batch = helpers.concat_batch
     sys.modules[name] = module
     return module
