@@ -67,12 +67,13 @@ class Traffic:
     top_ups: int = 0
 
 
-def rows_to_ask(batch_size: int, shares: Sequence[float]) -> list[int]:
-    """The rows each shard is asked for, given its expected share of the batch (see the module docs)."""
+def rows_to_ask(batch_size: int, shares: Sequence[float], sigmas: float) -> list[int]:
+    """The rows each shard is asked for, given its expected share of the batch and the margin in standard
+    deviations of its binomial share (see the module docs)."""
     out = []
     for p in shares:
         p = min(max(float(p), 0.0), 1.0)
-        spread = MARGIN_SIGMAS * math.sqrt(batch_size * p * (1.0 - p))
+        spread = sigmas * math.sqrt(batch_size * p * (1.0 - p))
         out.append(max(1, min(batch_size, math.ceil(batch_size * p + spread) + 1)))
     return out
 
@@ -103,23 +104,27 @@ class Sampler:
         self.capacity, self.beta, self.generator = capacity, beta, generator
         self.shares = [1.0 / num_shards] * num_shards
         self.traffic = Traffic()
+        #: the margin in standard deviations (``None``: :data:`MARGIN_SIGMAS`)
+        self.margin: float | None = None
 
     def asks(self, batch_size: int, shards: Sequence[int] | None = None) -> list[int]:
         """Rows to ask of each of ``shards`` (all by default) for a batch of ``batch_size``."""
         numbers = range(len(self.shares)) if shards is None else shards
         shares = [self.shares[i] for i in numbers]
         total = sum(shares)
-        return rows_to_ask(batch_size, [s / total if total > 0 else 1.0 / len(shares) for s in shares])
+        sigmas = MARGIN_SIGMAS if self.margin is None else self.margin
+        return rows_to_ask(batch_size, [s / total if total > 0 else 1.0 / len(shares) for s in shares], sigmas)
 
     def combine(
         self,
         batch_size: int,
         got: list[bytes],
-        top_up: Callable[[int, int], bytes],
+        top_up: Callable[[list[tuple[int, int]]], list[bytes]],
         shards: Sequence[int] | None = None,
     ) -> TensorDict:
         """One batch of ``batch_size`` rows from the packed draws ``got`` of ``shards`` (all, in order, by
-        default); ``top_up(position in got, n)``: ``n`` more rows of that shard, packed (see the module docs).
+        default); ``top_up([(shard, n), ...])``: ``n`` more rows of each shard named, packed, all in one round
+        trip (see the module docs).
 
         Returns:
             A TensorDict ``[batch_size]`` on the CPU: the stored keys, global ``"index"``, ``"generation"``
@@ -132,50 +137,53 @@ class Sampler:
         traffic = self.traffic
         traffic.samples += 1
         traffic.bytes_shipped += sum(len(packed) for packed in got)
-        if len(got) == 1:  # the whole draw: views of one writable copy of its bytes
-            mass, rows, out = unpack(got[0])
-            traffic.rows_shipped += rows
-            if not mass > 0:
-                raise EmptyBufferError("no shard holds a row to sample")
-            if rows < batch_size:  # asked for fewer (an estimate from a handle of more shards): topped up
-                extra = self._top_up(top_up, 0, batch_size - rows)
-                out = {key: np.concatenate([out[key], extra[key]]) for key in out}
-            out[INDEX_KEY] += numbers[0] * self.capacity
+        draws = [unpack(packed, copy=len(got) == 1) for packed in got]  # one draw: views of a writable copy
+        traffic.rows_shipped += sum(rows for _, rows, _ in draws)
+        masses = [mass for mass, _, _ in draws]
+        total = sum(masses)
+        if not total > 0:
+            raise EmptyBufferError("no shard holds a row to sample")
+        if len(got) == 1:
+            counts = np.array([batch_size])
         else:
-            draws = [unpack(packed, copy=False) for packed in got]
-            traffic.rows_shipped += sum(rows for _, rows, _ in draws)
-            masses = [mass for mass, _, _ in draws]
-            total = sum(masses)
-            if not total > 0:
-                raise EmptyBufferError("no shard holds a row to sample")
             for i, mass in zip(numbers, masses, strict=True):
                 self.shares[i] = mass / total
-            picks = torch.multinomial(
-                torch.tensor(masses, dtype=torch.float64), batch_size, replacement=True, generator=self.generator
-            )
+            weights = torch.tensor(masses, dtype=torch.float64)
+            picks = torch.multinomial(weights, batch_size, replacement=True, generator=self.generator)
             counts = np.bincount(picks.numpy(), minlength=len(got))
-            parts, offsets = [], []
-            for j in np.flatnonzero(counts).tolist():
-                want, (_, rows, columns) = int(counts[j]), draws[j]
-                parts.append({key: value[:want] for key, value in columns.items()})
-                if want > rows:
-                    parts.append(self._top_up(top_up, j, want - rows))
-                offsets.append(np.full(want, numbers[j] * self.capacity, dtype=np.int64))
-            # np.concatenate copies the kept rows out of the shipped bytes
+        which = np.flatnonzero(counts).tolist()
+        short = [(numbers[j], int(counts[j]) - draws[j][1]) for j in which if counts[j] > draws[j][1]]
+        extra = dict(zip([j for j in which if counts[j] > draws[j][1]], self._top_up(top_up, short), strict=True))
+        if len(got) == 1 and not extra:  # the whole draw: views of one writable copy of its bytes
+            out = {key: value[:batch_size] for key, value in draws[0][2].items()}
+        else:  # np.concatenate copies the kept rows out of the shipped bytes
+            parts = []
+            for j in which:
+                parts.append({key: value[: counts[j]] for key, value in draws[j][2].items()})
+                if j in extra:
+                    parts.append(extra[j])
             out = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
-            out[INDEX_KEY] += np.concatenate(offsets)
+        offsets = np.repeat(np.array([numbers[j] for j in which], dtype=np.int64) * self.capacity, counts[which])
+        out[INDEX_KEY] = out[INDEX_KEY] + offsets
         traffic.rows_kept += batch_size
         return self.to_batch(out, batch_size)
 
-    def _top_up(self, top_up: Callable[[int, int], bytes], j: int, n: int) -> dict[str, np.ndarray]:
-        packed = top_up(j, n)
+    def _top_up(
+        self, top_up: Callable[[list[tuple[int, int]]], list[bytes]], short: list[tuple[int, int]]
+    ) -> list[dict[str, np.ndarray]]:
+        if not short:
+            return []
+        got = top_up(short)
         self.traffic.top_ups += 1
-        self.traffic.bytes_shipped += len(packed)
-        _, rows, columns = unpack(packed, copy=False)
-        self.traffic.rows_shipped += rows
-        if rows < n:
-            raise EmptyBufferError("a shard emptied while its rows were being sampled")
-        return columns
+        self.traffic.bytes_shipped += sum(len(packed) for packed in got)
+        out = []
+        for packed, (_, n) in zip(got, short, strict=True):
+            _, rows, columns = unpack(packed, copy=False)
+            self.traffic.rows_shipped += rows
+            if rows < n:
+                raise EmptyBufferError("a shard emptied while its rows were being sampled")
+            out.append(columns)
+        return out
 
     def to_batch(self, out: dict[str, np.ndarray], batch_size: int) -> TensorDict:
         """The TensorDict of flat NumPy columns ``out`` (nested keys joined by ``"."``; a prioritized shard's raw

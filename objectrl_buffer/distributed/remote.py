@@ -363,9 +363,10 @@ class RemoteBuffer:
         count = counted if self.limited else 0
         return [shard.sample.remote(asks[i], None, count if i == 0 else 0) for i, shard in enumerate(self.shards)]
 
-    def _top_up(self, shard: int, rows: int) -> bytes:
-        """``rows`` more rows of ``shard``'s draw (its share of a batch exceeded the rows it was asked for)."""
-        return self.retry("sample_batch", lambda: self.shards[shard].sample.remote(rows))
+    def _top_up(self, short: list[tuple[int, int]]) -> list[bytes]:
+        """``n`` more rows of each ``(shard, n)`` in ``short``, in one round trip (a shard's share of a batch
+        exceeded the rows it was asked for, see :mod:`.draws`)."""
+        return list(self.retry("sample_batch", lambda: [self.shards[i].sample.remote(n) for i, n in short]))
 
     def advance(self, draw: Draw) -> None:
         """Send ``draw``'s shard draws if its admission has come (never waits; a refusal is kept for the finish)."""
