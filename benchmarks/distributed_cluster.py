@@ -444,23 +444,34 @@ def longest_gap(done: list[float], kill: float, end: float) -> float:
     return max(b - a for a, b in itertools.pairwise(edges))
 
 
+def calls_after(done: list[float], kill: float, end: float) -> list[float]:
+    """The calls that returned after the longest gap since ``kill`` (none: nothing flowed again)."""
+    gap = longest_gap(done, kill, end)
+    before = [t for t in done if t <= kill]
+    edges = [before[-1] if before else kill, *[t for t in done if t > kill], end]
+    resumed = next(b for a, b in itertools.pairwise(edges) if b - a == gap)
+    return [t for t in done if t >= resumed and t < end]
+
+
 def stall_section(args: argparse.Namespace) -> list[str]:
     lines = [
-        "\n| health checks | shard_loss | writes stalled, s | samples stalled, s | errors (writer; learner) |",
-        "| --- | --- | --- | --- | --- |",
+        "\n| health checks | shard_loss | writes stalled, s | samples stalled, s | errors (writer; learner) "
+        "| calls after the stall (writer; learner) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for health in [h for h in args.health.split(",") if h]:
         tuned = health == "tuned"
         with cluster(tuned=tuned, store_mb=256) as c, tempfile.TemporaryDirectory() as tmp:
             for mode in modes():
-                writes, samples, errors = one_stall(c, mode, args.stall_s / (4 if tuned else 1), tmp)
-                lines.append(f"| {health} | {mode} | {writes:.1f} | {samples:.1f} | {errors} |")
+                got = one_stall(c, mode, args.stall_s / (4 if tuned else 1), tmp)
+                lines.append(f"| {health} | {mode} | {got[0]:.1f} | {got[1]:.1f} | {got[2]} | {got[3]} |")
     return lines
 
 
-def one_stall(c: Any, mode: str, observe_s: float, tmp: str) -> tuple[float, float, str]:
+def one_stall(c: Any, mode: str, observe_s: float, tmp: str) -> tuple[float, float, str, str]:
     """2 shards of small rows, a writer actor writing and the driver sampling; shard 0's node hard-killed after
-    2 s: the longest gaps, then a fresh node in its place (for the next mode)."""
+    2 s: the longest gaps, the errors, and the calls that returned after the longest gap; then a fresh node in
+    the dead one's place (for the next mode)."""
     import ray
 
     extra = {"shard_loss": mode} if "degrade" in modes() else {}
@@ -493,4 +504,6 @@ def one_stall(c: Any, mode: str, observe_s: float, tmp: str) -> tuple[float, flo
     errors = f"{len(writer_errors)}; {len(learner_errors)}"
     if writer_errors or learner_errors:
         errors += f" ({', '.join(sorted(set(writer_errors + learner_errors)))})"
-    return longest_gap(done, kill_at, end), longest_gap(sampled, kill_at, end), errors
+    wrote_gap, sampled_gap = longest_gap(done, kill_at, end), longest_gap(sampled, kill_at, end)
+    after = f"{len(calls_after(done, kill_at, end))}; {len(calls_after(sampled, kill_at, end))}"
+    return wrote_gap, sampled_gap, errors, after
