@@ -148,9 +148,8 @@ def workers(c: Any) -> list[str]:
     return [n.node_id for n in c.worker_nodes]
 
 
-def launch(
-    shards: int, capacity: int, tmp: str, **extra: Any
-) -> Any:  # RemoteBuffer: one shard a worker node (the slot)
+def launch(shards: int, capacity: int, tmp: str, **extra: Any) -> Any:
+    """A RemoteBuffer of ``shards`` plain buffers, one a worker node (its slot)."""
     from objectrl_buffer import ReplayBuffer
     from objectrl_buffer.distributed import RemoteBuffer
 
@@ -252,10 +251,7 @@ def throughput(
     ]
     protocol_lines: list[str] = []
 
-    def row(name: str, ours: float, theirs: float | None, higher_is_faster: bool, fmt: str = "{:,.0f}") -> None:
-        if theirs is None:
-            lines.append(f"| {name} | {fmt.format(ours)} | | |")
-            return
+    def row(name: str, ours: float, theirs: float, higher_is_faster: bool, fmt: str = "{:,.0f}") -> None:
         ratio = ours / theirs if higher_is_faster else theirs / ours
         lines.append(f"| {name} | {fmt.format(ours)} | {fmt.format(theirs)} | {ratio:.2f}x |")
 
@@ -271,7 +267,7 @@ def throughput(
         )
         writer = ray.remote(WriterActor).options(**pinned(nodes[-1])).remote()
         fill = max(1, -(-capacity // per_batch) // (8 if kind == "small" else 2))  # rows to sample from
-        peer_insert = None
+        peer_insert = 0.0
         if "inserts" in sections:
             peer_insert = ray.get(writer.torchrl.remote(peer.client(), as_td(data), batches))
         ray.kill(writer)
