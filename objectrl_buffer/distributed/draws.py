@@ -17,14 +17,25 @@ call to that shard (:meth:`Sampler.combine`'s ``top_up``): still independent dra
 probabilities stay exact. One round trip, ``B + ~3 sqrt(B) S`` rows shipped (2 shards, ``B = 256``: ~306
 rows, 1.2x what is kept, against 2x), and each shard gathers only the rows it ships.
 
-Why this protocol, measured on a simulated 3-node cluster (``benchmarks/distributed_bench.py --protocols``;
-2 shards of Atari frames, ``sample(256)``, 2-core machine): asking for ``B`` rows of each shard (the old rule)
-took 59-64 ms p50; the margin above 22-24 ms (p99 28-30 ms); two calls (masses first, then exactly ``k_i`` rows)
-21-23 ms but p99 30-45 ms, and with small rows it doubles the latency (2.2 ms against 1.25 ms: two round trips);
-one call returning ``1 + C`` objects (the masses, then the rows in ``C`` chunks, the handle fetching only the
-chunks that hold its rows: Ray leaves a large object in the shard node's store until fetched) 43 ms: every
-shard still gathers and stores all ``B`` rows, only the transfer is saved. The numbers with the real shards are
-in docs/performance.md.
+Why this protocol, measured on a simulated 3-node cluster (``benchmarks/distributed_bench.py --cluster
+--sections protocols``: 2 shards on worker nodes of their own, the learner on the head, ``sample(256)`` p50 /
+p99 in ms and MB shipped; a 2-core machine, so every "node" shares the cores; docs/performance.md):
+
+===============================================  =====================  ==================
+protocol                                         small rows (4 floats)  Atari rows (56 KB)
+===============================================  =====================  ==================
+every shard ships ``B`` rows (the old rule)      1.34 / 2.13, 0.032     67.6 / 113, 28.9
+likely share + 3 sd, topped up (this module)     1.36 / 4.34, 0.019     38.6 / 48, 17.3
+two calls: masses, then exactly ``k_i`` rows     2.36 / 3.83, 0.016     34.7 / 47, 14.5
+one call of ``1 + C`` returns, kept chunks only  1.73 / 4.52, 0.018     69.6 / 91, 15.5
+===============================================  =====================  ==================
+
+Two calls ship the fewest bytes, ~10% faster with Atari frames here, but pay a second round trip on every
+sample (1.7x the time with small rows). One call returning the masses and then the rows in ``C`` chunks (the
+handle fetching only the chunks that hold its rows; Ray leaves a large object in the shard node's store until
+fetched) saves the transfer but not the work: every shard still gathers and stores all ``B`` rows, as slow as
+the old rule with frames. The margin keeps one round trip and ships ~1.2x the kept rows; margins of 0-2 sd
+measured within the noise of 3 sd with frames (more top-ups, fewer bytes).
 
 :class:`Traffic` counts what crossed (rows and bytes shipped against rows kept, top-up calls).
 """
