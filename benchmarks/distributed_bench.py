@@ -6,6 +6,10 @@ per-step single adds by 1, 2 and 4 writer processes into one plain ``ReplayBuffe
 
     PYTHONPATH=. .venv/bin/python benchmarks/distributed_bench.py --rows 200000 --writers 2 [--no-ray | --ray-only]
     PYTHONPATH=. .venv/bin/python benchmarks/distributed_bench.py --shared-only --rounds 3 [--start-method spawn]
+    PYTHONPATH=. .venv/bin/python benchmarks/distributed_bench.py --cluster [--quick] [--sections inserts,stall]
+
+``--cluster``: a simulated 3-node Ray cluster (benchmarks/distributed_cluster.py): inserts, sample(256) with 1
+and 2 shards and how a sample ships its rows, beside torchrl's RayReplayBuffer, and the stall after a node loss.
 
 Rows are MuJoCo-sized transitions (obs 17, action 6 float32). One run, medians of the timed rounds; the
 machine is shared, so compare numbers from one run only.
@@ -23,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import distributed_cluster
 import numpy as np
 import torch
 
@@ -75,7 +80,11 @@ def main() -> None:
         action="store_true",
         help="only a driver writer's single adds at batch_size 1024 and 4096, shared files vs through Ray",
     )
+    distributed_cluster.add_arguments(parser)
     args = parser.parse_args()
+    if args.cluster:
+        print("\n".join(distributed_cluster.run(args)))
+        return
     results: dict[str, Any] = {}
     if args.transport_only:
         report(transport_results(args.rows, args.rounds))

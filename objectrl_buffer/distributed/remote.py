@@ -13,12 +13,13 @@ checkpoints are asked for, one :class:`~.coordinator.Coordinator` actor. Payload
   lock). A writer on a shard's own node keeps its columns in files of its own in ``/dev/shm`` and sends that shard
   only a small :class:`~.shard.SharedRows` descriptor: the shard copies the rows straight from its mapping of the
   files (no serialization, no object store).
-* :meth:`RemoteBuffer.sample_batch` is one round trip: every non-empty shard draws ``batch_size`` rows by its
-  own rule and reports its mass (rows; prioritized: ``sum (p + eps) ** alpha``), the handle splits the batch by
-  a multinomial draw proportional to the masses and keeps that many of each shard's rows: every row has
-  the probability it would have in one big buffer. Importance weights are recomputed over the whole batch.
-  ``"index"`` is global (``shard * capacity + slot``); ``"generation"`` says which write of that slot was drawn.
-  (With ``S`` shards, ``S * batch_size`` rows cross the wire: cheap for small rows, the price of one round trip.)
+* :meth:`RemoteBuffer.sample_batch` is one round trip (:mod:`.draws`): each shard draws the rows of its likely
+  share of the batch plus a margin by its own rule and reports its mass (rows; prioritized: ``sum (p + eps) **
+  alpha``); the handle splits the batch by a multinomial draw proportional to the masses and keeps that many of
+  each shard's rows (a shard short of its share, ~0.1% of draws, is asked for the rest): every row has the
+  probability it would have in one big buffer, and ~1.2x the kept rows cross the wire (not ``S`` times).
+  Importance weights are recomputed over the whole batch. ``"index"`` is global (``shard * capacity + slot``);
+  ``"generation"`` says which write of that slot was drawn.
 * :meth:`RemoteBuffer.update_priority` ignores updates to slots rewritten since they were sampled (given the
   batch's ``"generation"``) and returns how many it applied.
 * :meth:`RemoteBuffer.prefetch` keeps ``depth`` samples in flight as Ray refs (no helper thread): the learner
@@ -45,18 +46,15 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from objectrl_buffer.core.keys import INDEX_KEY, WEIGHT_KEY
-from objectrl_buffer.core.schema import Key
 from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.distributed.admission import Asked, admit
 from objectrl_buffer.distributed.coordinator import Coordinator
+from objectrl_buffer.distributed.draws import Draw, Sampler, get_all
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
 from objectrl_buffer.distributed.shard import (
     GENERATION_KEY,
-    RAW_WEIGHT,
     Shard,
     to_numpy,
-    unpack,
 )
 from objectrl_buffer.distributed.writer import Writer
 from objectrl_buffer.errors import (
@@ -68,7 +66,6 @@ from objectrl_buffer.errors import (
 )
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.flow.limiter import RateLimiter
-from objectrl_buffer.storage.table import make_tensordict
 
 __all__ = ["RemoteBuffer", "Shard", "Writer", "GENERATION_KEY", "to_numpy"]
 
@@ -108,6 +105,8 @@ class RemoteBuffer:
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
+        #: how samples are drawn over the shards, and what they shipped (``sampler.traffic``, see :mod:`.draws`)
+        self.sampler = Sampler(len(shards), capacity, beta, self.generator)
         self.writer_id = uuid.uuid4().hex
         self._turn = 0
         self._lock = threading.Lock()
@@ -350,19 +349,24 @@ class RemoteBuffer:
         """Start one :meth:`sample_batch` (see :meth:`finish_sample`): its admission is asked, and the shards'
         draws are sent at once without a limiter, else once it is admitted (:meth:`advance`, or at the finish)."""
         self.check_cuts()
-        draw = Draw(batch_size)
+        draw = Draw(batch_size, self.sampler.asks(batch_size))
         if self.limited:
             coordinator = self.coordinator
             draw.asked = Asked(lambda left: coordinator.admit_sample.remote(batch_size, left), timeout)
         else:
-            draw.refs = self._draws(batch_size)
+            draw.refs = self._draws(draw.asks)
         return draw
 
-    def _draws(self, batch_size: int, counted: bool = False) -> list[Any]:
-        """Every shard's draw; ``counted``: the first draw of an admitted sample (shard 0 counts it, see
-        :meth:`.shard.Shard.sample`)."""
-        count = batch_size if counted and self.limited else 0
-        return [shard.sample.remote(batch_size, None, count if i == 0 else 0) for i, shard in enumerate(self.shards)]
+    def _draws(self, asks: list[int], counted: int = 0) -> list[Any]:
+        """Every shard's draw of ``asks[i]`` rows (see :mod:`.draws`); ``counted``: the batch size of an admitted
+        sample's first draw (shard 0 counts it, see :meth:`.shard.Shard.sample`)."""
+        count = counted if self.limited else 0
+        return [shard.sample.remote(asks[i], None, count if i == 0 else 0) for i, shard in enumerate(self.shards)]
+
+    def _top_up(self, short: list[tuple[int, int]]) -> list[bytes]:
+        """``n`` more rows of each ``(shard, n)`` in ``short``, in one round trip (a shard's share of a batch
+        exceeded the rows it was asked for, see :mod:`.draws`)."""
+        return list(self.retry("sample_batch", lambda: [self.shards[i].sample.remote(n) for i, n in short]))
 
     def advance(self, draw: Draw) -> None:
         """Send ``draw``'s shard draws if its admission has come (never waits; a refusal is kept for the finish)."""
@@ -373,7 +377,7 @@ class RemoteBuffer:
         except ReplayBufferError as exc:
             draw.error = exc
             return
-        draw.refs = self._draws(draw.batch_size, counted=True)
+        draw.refs = self._draws(draw.asks, counted=draw.batch_size)
 
     def finish_sample(self, batch_size: int, draw: Draw, timeout: float | None = None) -> TensorDict:
         """The batch of :meth:`submit_sample`'s ``draw``: waits for its admission first (the shards draw only
@@ -390,19 +394,19 @@ class RemoteBuffer:
         if draw.refs is None:
             assert draw.asked is not None
             admit(draw.asked, f"sample of {batch_size} rows", self.retry_timeout_s)
-            draw.refs = self._draws(batch_size, counted=True)
+            draw.refs = self._draws(draw.asks, counted=batch_size)
         refs, draw.refs = draw.refs, []
         try:
-            got = _get_all(refs)
+            got = get_all(refs)
         except ray.exceptions.RayActorError:  # admitted already: drawn again
-            got = self.retry("sample_batch", lambda: self._draws(batch_size))
+            got = self.retry("sample_batch", lambda: self._draws(draw.asks))
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, ReplayBufferError):
                 raise exc.cause from None
             raise
         del refs
         try:
-            return self.assemble(batch_size, got)
+            return self.sampler.combine(batch_size, got, self._top_up)
         except EmptyBufferError:
             if not self.limited:
                 raise
@@ -421,46 +425,12 @@ class RemoteBuffer:
         while True:
             time.sleep(pause)
             pause = min(2 * pause, 0.05)
-            got = self.retry("sample_batch", lambda: self._draws(batch_size))
+            got = self.retry("sample_batch", lambda: self._draws(self.sampler.asks(batch_size)))
             try:
-                return self.assemble(batch_size, got)
+                return self.sampler.combine(batch_size, got, self._top_up)
             except EmptyBufferError:
                 if time.monotonic() >= deadline:
                     raise
-
-    def assemble(self, batch_size: int, got: list[bytes]) -> TensorDict:
-        """One batch of ``batch_size`` rows from each shard's packed draw (see the module docs)."""
-        if len(got) == 1:  # the whole draw: views of one writable copy of its bytes
-            mass, _, out = unpack(got[0])
-            if not mass > 0:
-                raise EmptyBufferError("no shard holds a row to sample")
-        else:
-            draws = [unpack(packed, copy=False) for packed in got]
-            masses = [mass for mass, _, _ in draws]
-            if not sum(masses) > 0:
-                raise EmptyBufferError("no shard holds a row to sample")
-            weights = torch.tensor(masses, dtype=torch.float64)
-            picks = torch.multinomial(weights, batch_size, replacement=True, generator=self.generator)
-            counts = np.bincount(picks.numpy(), minlength=len(got))
-            which = np.flatnonzero(counts)
-            kept = counts[which]
-            # the first counts[i] rows of each shard's draw; np.concatenate copies them out of the bytes
-            parts = [draws[i][2] for i in which]
-            out = {key: np.concatenate([p[key][:c] for c, p in zip(kept, parts, strict=True)]) for key in parts[0]}
-            out[INDEX_KEY] += np.repeat(which.astype(np.int64) * self.capacity, kept)
-        values: dict[Key, torch.Tensor] = {}
-        nested = False
-        for key, value in out.items():
-            if key == RAW_WEIGHT:
-                if self.beta is not None:  # weights over the whole batch, as one buffer's
-                    raw = torch.from_numpy(value)
-                    values[WEIGHT_KEY] = (raw / raw.min()).pow(-self.beta).to(torch.float32)
-            elif "." in key:  # a nested key, flattened for the trip
-                values[tuple(key.split("."))] = torch.from_numpy(value)
-                nested = True
-            else:
-                values[key] = torch.from_numpy(value)
-        return make_tensordict(values, torch.Size([batch_size]), None, nested)
 
     def sample_batch(self, batch_size: int, *, timeout: float | None = None) -> TensorDict:
         """``batch_size`` rows over all shards with one big buffer's probabilities (see the module docs).
@@ -616,34 +586,8 @@ class RemoteBuffer:
             ray.kill(actor, no_restart=True)
 
 
-class Draw:
-    """One sample on its way (:meth:`RemoteBuffer.submit_sample`): its admission (``asked``; ``None`` without a
-    limiter), the shards' draw refs once sent (``refs``), and a refusal met early (``error``)."""
-
-    def __init__(self, batch_size: int) -> None:
-        self.batch_size = batch_size
-        self.asked: Asked | None = None
-        self.refs: list[Any] | None = None
-        self.error: ReplayBufferError | None = None
-
-
 def _age(seconds: float | None) -> str:
     return "none yet" if seconds is None else f"{seconds:.1f} s ago"
-
-
-def _get_all(refs: list[Any]) -> list[Any]:
-    """``ray.get`` of each ref, the first error raised only after every ref was fetched (an error left in a
-    ref that nobody fetched is logged by Ray as unhandled)."""
-    ray = _ray()
-    out, error = [], None
-    for ref in refs:
-        try:
-            out.append(ray.get(ref))
-        except Exception as exc:
-            error = error or exc
-    if error is not None:
-        raise error
-    return out
 
 
 def _rebuild(shards: list[Any], capacity: int, beta: float | None, settings: dict[str, Any]) -> RemoteBuffer:

@@ -18,6 +18,7 @@ import torch
 from tensordict import TensorDict
 
 from objectrl_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from objectrl_buffer.distributed import draws
 from objectrl_buffer.distributed.remote import GENERATION_KEY, RemoteBuffer
 from objectrl_buffer.errors import (
     BufferUnavailable,
@@ -44,22 +45,67 @@ def launch(cls: type, capacity: int, shards: int, tmp: Any, **kwargs: Any) -> Re
     return RemoteBuffer.launch(cls, "cpu", "cpu", capacity, num_shards=shards, seed=0, storage_dir=str(tmp), **kwargs)
 
 
-def test_sharded_sampling_matches_one_buffer(local_ray: None, tmp_path: Any) -> None:
-    remote = launch(ReplayBuffer, 1000, 2, tmp_path)
-    remote.add_batch(rows(0, 300))  # shard 0
-    remote.add_batch(rows(300, 100))  # shard 1: shards of unequal sizes
-    assert len(remote) == 400
-    steps = (
-        torch.cat([remote.sample_batch(1000)["step"] for _ in range(8)]) // 1000
-    )  # rows(...)'s step = id * 1000 + ...
-    counts = torch.bincount(steps, minlength=400).to(torch.float64)
-    expected = 8000 / 400
+def chi2_within(counts: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Pearson's statistic of ``counts`` against ``expected`` below df + 6 sd: fails only if the draws were not
+    proportional (a 1e-9 chance under the right probabilities)."""
+    df = counts.numel() - 1
     chi2 = float(((counts - expected) ** 2 / expected).sum())
-    assert chi2 < 399 + 6 * (2 * 399) ** 0.5  # df 399: far beyond it only if the shards were not proportional
-    batch = remote.sample_batch(16)
-    assert set(batch.keys()) >= {"state", "index", GENERATION_KEY}
-    assert bool(((batch["index"] < 300) | ((batch["index"] >= 1000) & (batch["index"] < 1100))).all())
-    remote.kill()
+    return chi2 < df + 6 * (2 * df) ** 0.5
+
+
+@pytest.fixture(scope="module")
+def unequal_shards(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RemoteBuffer]]:
+    """A uniform and a prioritized buffer of 2 shards holding 300 and 100 rows (rows 0-299 and 300-399);
+    prioritized, row r has priority 1 + r % 7 (shard masses 1197 and 397). Tests only sample them."""
+    tmp = tmp_path_factory.mktemp("unequal")
+    uniform = launch(ReplayBuffer, 1000, 2, tmp / "u")
+    prioritized = launch(PrioritizedReplayBuffer, 1000, 2, tmp / "p", alpha=1.0, beta=0.5, eps=0.0)
+    for remote in (uniform, prioritized):
+        remote.add_batch(rows(0, 300))  # shard 0
+        remote.add_batch(rows(300, 100))  # shard 1: shards of unequal sizes
+        assert len(remote) == 400
+    global_index = torch.cat([torch.arange(300), 1000 + torch.arange(100)])
+    assert prioritized.update_priority(global_index, 1.0 + torch.arange(400) % 7) == 400
+    yield [uniform, prioritized]
+    for remote in (uniform, prioritized):
+        remote.kill()
+
+
+@pytest.mark.parametrize("margin", ["default", "no margin: every shard topped up"])
+def test_sharded_sampling_matches_one_buffer(
+    unequal_shards: list[RemoteBuffer], margin: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of 2 shards of unequal sizes are drawn with one big buffer's probabilities, uniform and prioritized,
+    whether a shard's share of a batch fits the rows it was asked for or is topped up by a second call."""
+    if margin != "default":  # each shard is asked for 1 row: the rest of its share always comes by a top-up
+        monkeypatch.setattr(draws, "MARGIN_SIGMAS", -1e9)
+    priority = 1.0 + torch.arange(400) % 7
+    for remote, p in zip(unequal_shards, (torch.ones(400), priority), strict=True):
+        topped = remote.sampler.traffic.top_ups
+        steps = torch.cat([remote.sample_batch(1000)["step"] for _ in range(8)]) // 1000
+        counts = torch.bincount(steps, minlength=400).to(torch.float64)
+        assert chi2_within(counts, 8000 * p / p.sum())
+        batch = remote.sample_batch(16)
+        assert set(batch.keys()) >= {"state", "index", GENERATION_KEY}
+        assert bool(((batch["index"] < 300) | ((batch["index"] >= 1000) & (batch["index"] < 1100))).all())
+        topped = remote.sampler.traffic.top_ups - topped
+        assert topped >= 9 if margin != "default" else topped <= 3  # the path under test was taken
+
+
+def test_a_sample_ships_about_the_rows_it_keeps_not_every_shards_batch(unequal_shards: list[RemoteBuffer]) -> None:
+    """2 shards of unequal sizes: a sample(256) ships ~1.2x the rows it keeps (each shard its likely share
+    plus a margin), not 256 rows from each shard (2x), and the bytes shipped follow."""
+    remote = unequal_shards[0]
+    remote.sample_batch(256)  # the handle learns the shards' shares from a sample's masses
+    traffic = remote.sampler.traffic
+    samples, shipped, kept, sent = traffic.samples, traffic.rows_shipped, traffic.rows_kept, traffic.bytes_shipped
+    for _ in range(20):
+        assert remote.sample_batch(256).batch_size == torch.Size([256])
+    rows_shipped, rows_kept = traffic.rows_shipped - shipped, traffic.rows_kept - kept
+    assert rows_kept == 20 * 256 and traffic.samples == samples + 20
+    assert rows_shipped <= 1.3 * rows_kept  # asked of every shard: 2 x 256 a sample
+    row_bytes = sum(v[0].numel() * v.element_size() for v in rows(0, 1).values()) + 8 + 8  # + index, generation
+    assert traffic.bytes_shipped - sent < 1.3 * rows_kept * row_bytes + 20 * 2 * 1024  # + headers
 
 
 def test_sampled_rows_are_the_stored_rows(local_ray: None, tmp_path: Any) -> None:
