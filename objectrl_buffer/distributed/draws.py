@@ -90,13 +90,13 @@ def rows_to_ask(batch_size: int, shares: Sequence[float], sigmas: float) -> list
 
 
 class Draw:
-    """One sample on its way (:meth:`RemoteBuffer.submit_sample <.remote.RemoteBuffer.submit_sample>`): the rows
-    each shard is asked for (``asks``), its admission (``asked``; ``None`` without a limiter), the shards' draw
-    refs once sent (``refs``), and a refusal met early (``error``)."""
+    """One sample on its way (:meth:`RemoteBuffer.submit_sample <.remote.RemoteBuffer.submit_sample>`): the shards
+    asked (``shards``) and the rows each is asked for (``asks``), its admission (``asked``; ``None`` without a
+    limiter), the shards' draw refs once sent (``refs``), and a refusal met early (``error``)."""
 
-    def __init__(self, batch_size: int, asks: list[int]) -> None:
+    def __init__(self, batch_size: int, asks: list[int], shards: list[int]) -> None:
         self.batch_size = batch_size
-        self.asks = asks
+        self.asks, self.shards = asks, shards
         self.asked: Asked | None = None
         self.refs: list[Any] | None = None
         self.error: ReplayBufferError | None = None

@@ -40,7 +40,7 @@ import uuid
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -50,6 +50,7 @@ from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.distributed.admission import Asked, admit
 from objectrl_buffer.distributed.coordinator import Coordinator
 from objectrl_buffer.distributed.draws import Draw, Sampler, get_all
+from objectrl_buffer.distributed.health import DEGRADED_KEY, SHARD_LOSS, ShardHealth
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
 from objectrl_buffer.distributed.shard import (
     GENERATION_KEY,
@@ -90,8 +91,12 @@ class RemoteBuffer:
         retry_timeout_s: float = 30.0,
         max_failed_cuts: int = 3,
         buffer_id: str = "",
+        shard_loss: Literal["degrade", "wait"] = "degrade",
+        shard_timeout_s: float = 2.0,
     ) -> None:
         self.shards, self.capacity, self.beta = shards, capacity, beta
+        #: the shards this handle finds down, and its degraded mode's counters (see :mod:`.health`)
+        self.health = ShardHealth(len(shards), shard_loss, shard_timeout_s)
         self.buffer_id = buffer_id
         self.max_failed_cuts = max_failed_cuts
         self._cuts_ref: Any = None  # a cut_status() call on its way (see _check_cuts)
@@ -130,6 +135,8 @@ class RemoteBuffer:
         retry_timeout_s: float = 30.0,
         actor_options: Mapping[str, Any] | None = None,
         max_failed_cuts: int = 3,
+        shard_loss: Literal["degrade", "wait"] = "degrade",
+        shard_timeout_s: float = 2.0,
         **kwargs: Any,
     ) -> RemoteBuffer:
         """Start ``num_shards`` actors holding ``buffer_cls(*args, **kwargs)`` each (``seed`` differs per shard).
@@ -147,6 +154,9 @@ class RemoteBuffer:
             max_failed_cuts: after this many checkpoint cuts failed in a row, writes and samples raise
                 :class:`~objectrl_buffer.errors.CheckpointError` until a cut succeeds (each failure is also
                 counted in :meth:`checkpoint_status` and warned about in the driver).
+            shard_loss: ``"degrade"`` (default): a handle goes on without a shard that does not answer, samples
+                flagged ``"degraded"``; ``"wait"``: every call waits for every shard (see :mod:`.health`).
+            shard_timeout_s: how long a shard's draw may take before a degraded sample leaves it out.
 
         Raises:
             ImportError: Ray is not installed. InvalidArgumentError: a bad argument, named.
@@ -156,6 +166,9 @@ class RemoteBuffer:
         keep = positive_int(keep_last, "keep_last")
         retry_s = real_in(retry_timeout_s, "retry_timeout_s", 0.0, float("inf"))
         max_failed = positive_int(max_failed_cuts, "max_failed_cuts")
+        if shard_loss not in SHARD_LOSS:
+            raise InvalidArgumentError(f"shard_loss must be one of {SHARD_LOSS}, got {shard_loss!r}")
+        shard_timeout = real_in(shard_timeout_s, "shard_timeout_s", 1e-3, float("inf"))
         if checkpoint_every_s is not None:
             if checkpoint_path is None:
                 raise InvalidArgumentError("checkpoint_every_s needs a checkpoint_path")
@@ -195,6 +208,8 @@ class RemoteBuffer:
             retry_timeout_s=retry_s,
             max_failed_cuts=max_failed,
             buffer_id=buffer_id,
+            shard_loss=shard_loss,
+            shard_timeout_s=shard_timeout,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -205,13 +220,16 @@ class RemoteBuffer:
             "retry_timeout_s": self.retry_timeout_s,
             "max_failed_cuts": self.max_failed_cuts,
             "buffer_id": self.buffer_id,
+            "shard_loss": self.health.mode,
+            "shard_timeout_s": self.health.shard_timeout_s,
         }
         return (_rebuild, (self.shards, self.capacity, self.beta, settings))
 
     # ------------------------------------------------------------------ calls that survive a shard restart
-    def retry(self, what: str, submit: Callable[[], Any]) -> Any:
+    def retry(self, what: str, submit: Callable[[], Any], shard: int | None = None) -> Any:
         """``ray.get(submit())``, submitted again while the actor is dead or restarting, for up to
-        ``retry_timeout_s``; errors of ours raised in the actor come out as themselves.
+        ``retry_timeout_s``; errors of ours raised in the actor come out as themselves. ``shard``: the shard
+        called, marked down for this handle's other calls while it fails (see :mod:`.health`).
 
         Raises:
             BufferUnavailable: still failing when the time is up (``what`` names the call).
@@ -223,6 +241,8 @@ class RemoteBuffer:
             try:
                 return ray.get(submit())
             except ray.exceptions.RayActorError as exc:
+                if shard is not None:
+                    self.health.mark_down(shard, f"{what}: {type(exc).__name__}")
                 if time.monotonic() >= deadline:
                     raise BufferUnavailable(
                         f"remote buffer: {what} failed for {self.retry_timeout_s:g}s (retry_timeout_s): {exc}"
@@ -235,10 +255,19 @@ class RemoteBuffer:
                 raise
 
     def next_shard(self) -> int:
-        """The number of the shard the next write goes to (the shards take writes in turn)."""
+        """The number of the shard the next write goes to: the shards take writes in turn, a shard down
+        skipped in degraded mode (see :mod:`.health`)."""
+        live = self.health.live(self.shards)
         with self._lock:
-            self._turn += 1
-            return (self._turn - 1) % len(self.shards)
+            return self._next(live)
+
+    def _next(self, live: list[int]) -> int:
+        turn = self._turn % len(self.shards)
+        self._turn += 1
+        if turn in live:
+            return turn
+        self.health.rerouted_writes += 1
+        return min(live, key=lambda i: (i - turn) % len(self.shards))  # the next live one in turn
 
     def _take(self) -> tuple[int, list[Any]]:
         """The shard of the next write and an idle sequence stream ``[stream id, next seq]``, held by this
@@ -253,9 +282,9 @@ class RemoteBuffer:
         table of applied seqs). No lock is held across the round trip: ~0.1-0.2 us more a call than one
         shared counter, against a round trip of ~1 ms.
         """
+        live = self.health.live(self.shards)
         with self._lock:
-            turn = self._turn % len(self.shards)
-            self._turn += 1
+            turn = self._next(live)
             if self._idle:
                 return turn, self._idle.pop()
             self._streams += 1
@@ -271,7 +300,7 @@ class RemoteBuffer:
         try:
             self.admit_insert(i, rows, timeout)
             submit = getattr(self.shards[i], method).remote
-            self.retry(f"{what} to shard {i}", lambda: submit(data, writer, seq))
+            self.retry(f"{what} to shard {i}", lambda: submit(data, writer, seq), shard=i)
             answered = True
         except (ReplayBufferError, _ray().exceptions.RayTaskError):  # answered, or the last try failed
             answered = True
@@ -346,22 +375,27 @@ class RemoteBuffer:
         return sum(rows for rows, _ in self.stats())
 
     def submit_sample(self, batch_size: int, timeout: float | None = None) -> Draw:
-        """Start one :meth:`sample_batch` (see :meth:`finish_sample`): its admission is asked, and the shards'
-        draws are sent at once without a limiter, else once it is admitted (:meth:`advance`, or at the finish)."""
+        """Start one :meth:`sample_batch` (see :meth:`finish_sample`): its admission is asked, and the live
+        shards' draws are sent at once without a limiter, else once it is admitted (:meth:`advance`, or at the
+        finish)."""
         self.check_cuts()
-        draw = Draw(batch_size, self.sampler.asks(batch_size))
+        live = self.health.live(self.shards)
+        draw = Draw(batch_size, self.sampler.asks(batch_size, live), live)
         if self.limited:
             coordinator = self.coordinator
             draw.asked = Asked(lambda left: coordinator.admit_sample.remote(batch_size, left), timeout)
         else:
-            draw.refs = self._draws(draw.asks)
+            draw.refs = self._draws(draw)
         return draw
 
-    def _draws(self, asks: list[int], counted: int = 0) -> list[Any]:
-        """Every shard's draw of ``asks[i]`` rows (see :mod:`.draws`); ``counted``: the batch size of an admitted
-        sample's first draw (shard 0 counts it, see :meth:`.shard.Shard.sample`)."""
+    def _draws(self, draw: Draw, counted: int = 0) -> list[Any]:
+        """The draws of ``draw``'s shards, ``draw.asks[j]`` rows of its ``j``-th (see :mod:`.draws`); ``counted``:
+        the batch size of an admitted sample's first draw (the first shard asked counts it, see
+        :meth:`.shard.Shard.sample`)."""
         count = counted if self.limited else 0
-        return [shard.sample.remote(asks[i], None, count if i == 0 else 0) for i, shard in enumerate(self.shards)]
+        return [
+            self.shards[i].sample.remote(draw.asks[j], None, count if j == 0 else 0) for j, i in enumerate(draw.shards)
+        ]
 
     def _top_up(self, short: list[tuple[int, int]]) -> list[bytes]:
         """``n`` more rows of each ``(shard, n)`` in ``short``, in one round trip (a shard's share of a batch
@@ -377,40 +411,77 @@ class RemoteBuffer:
         except ReplayBufferError as exc:
             draw.error = exc
             return
-        draw.refs = self._draws(draw.asks, counted=draw.batch_size)
+        draw.refs = self._draws(draw, counted=draw.batch_size)
 
     def finish_sample(self, batch_size: int, draw: Draw, timeout: float | None = None) -> TensorDict:
         """The batch of :meth:`submit_sample`'s ``draw``: waits for its admission first (the shards draw only
-        admitted samples, also while the coordinator is down: see :mod:`.admission`), drawn again if a shard
-        died meanwhile, or if the limiter admitted it before any admitted row had landed (see
-        :meth:`draw_admitted`).
+        admitted samples, also while the coordinator is down: see :mod:`.admission`). In degraded mode a shard
+        that does not answer within ``shard_timeout_s`` (or died) is left out and the batch flagged (see
+        :mod:`.health`); else the draw waits for it, drawn again after its restart. Drawn again too if the
+        limiter admitted it before any admitted row had landed (see :meth:`draw_admitted`).
 
         Raises:
             RateLimitTimeout, RateLimitDeadlock: not admitted. BufferUnavailable: see :meth:`retry`.
         """
-        ray = _ray()
         if draw.error is not None:
             raise draw.error
         if draw.refs is None:
             assert draw.asked is not None
             admit(draw.asked, f"sample of {batch_size} rows", self.retry_timeout_s)
-            draw.refs = self._draws(draw.asks, counted=batch_size)
+            draw.refs = self._draws(draw, counted=batch_size)
         refs, draw.refs = draw.refs, []
-        try:
-            got = get_all(refs)
-        except ray.exceptions.RayActorError:  # admitted already: drawn again
-            got = self.retry("sample_batch", lambda: self._draws(draw.asks))
-        except ray.exceptions.RayTaskError as exc:
-            if isinstance(exc.cause, ReplayBufferError):
-                raise exc.cause from None
-            raise
+        got, shards = self._collect(draw, refs)
         del refs
         try:
-            return self.sampler.combine(batch_size, got, self._top_up)
+            return self._flagged(self.sampler.combine(batch_size, got, self._top_up, shards), shards)
         except EmptyBufferError:
             if not self.limited:
                 raise
         return self.draw_admitted(batch_size, timeout)
+
+    def _collect(self, draw: Draw, refs: list[Any]) -> tuple[list[Any], list[int]]:
+        """The packed draws of ``draw`` and the shards they came from: in degraded mode those that answered
+        within ``shard_timeout_s`` (the others marked down), else, or when none answered, all of them (a shard
+        that died drawn again after its restart)."""
+        ray = _ray()
+        health = self.health
+        if health.degrading and len(self.shards) > 1:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=health.shard_timeout_s)
+            answered = {ref.hex() for ref in ready}
+            got, shards = [], []
+            for shard, ref in zip(draw.shards, refs, strict=True):
+                if ref.hex() not in answered:
+                    health.mark_down(shard, f"no draw within shard_timeout_s={health.shard_timeout_s:g}")
+                    continue
+                try:
+                    got.append(ray.get(ref))
+                except ray.exceptions.RayActorError as exc:
+                    health.mark_down(shard, type(exc).__name__)
+                    continue
+                except ray.exceptions.RayTaskError as exc:
+                    if isinstance(exc.cause, ReplayBufferError):
+                        raise exc.cause from None
+                    raise
+                shards.append(shard)
+            if got:
+                return got, shards
+        try:
+            return get_all(refs), list(draw.shards)
+        except ray.exceptions.RayActorError:  # admitted already: drawn again, from every shard
+            again = Draw(draw.batch_size, self.sampler.asks(draw.batch_size), list(range(len(self.shards))))
+            return self.retry("sample_batch", lambda: self._draws(again)), again.shards
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, ReplayBufferError):
+                raise exc.cause from None
+            raise
+
+    def _flagged(self, batch: TensorDict, shards: list[int]) -> TensorDict:
+        """``batch`` with its :data:`.health.DEGRADED_KEY` column (counted when ``True``)."""
+        degraded = len(shards) < len(self.shards)
+        if degraded:
+            self.health.degraded_samples += 1
+        batch.set(DEGRADED_KEY, torch.full(batch.batch_size, degraded, dtype=torch.bool))
+        return batch
 
     def draw_admitted(self, batch_size: int, timeout: float | None) -> TensorDict:
         """Draw again until rows the limiter admitted have landed on a shard.
@@ -425,9 +496,11 @@ class RemoteBuffer:
         while True:
             time.sleep(pause)
             pause = min(2 * pause, 0.05)
-            got = self.retry("sample_batch", lambda: self._draws(self.sampler.asks(batch_size)))
+            live = self.health.live(self.shards)
+            draw = Draw(batch_size, self.sampler.asks(batch_size, live), live)
+            got, shards = self._collect(draw, self._draws(draw))
             try:
-                return self.sampler.combine(batch_size, got, self._top_up)
+                return self._flagged(self.sampler.combine(batch_size, got, self._top_up, shards), shards)
             except EmptyBufferError:
                 if time.monotonic() >= deadline:
                     raise
@@ -460,7 +533,8 @@ class RemoteBuffer:
 
     def update_priority(self, index: Any, priority: Any, generation: Any = None) -> int:
         """Set priorities at global ``index`` (a sample's ``"index"``); with the sample's ``"generation"``,
-        slots rewritten since are skipped. Returns how many were applied."""
+        slots rewritten since are skipped, and in degraded mode those of a shard down (see :mod:`.health`).
+        Returns how many were applied."""
         slots = torch.as_tensor(index).reshape(-1).numpy().astype(np.int64)
         values = torch.as_tensor(priority, dtype=torch.float64).reshape(-1).numpy()
         gens = None if generation is None else torch.as_tensor(generation).reshape(-1).numpy().astype(np.int64)
@@ -468,9 +542,12 @@ class RemoteBuffer:
             raise InvalidArgumentError("update_priority: index, priority and generation must have one value per row")
         shard_of = slots // self.capacity
         parts = []
+        live = self.health.live(self.shards)
         for i in np.unique(shard_of).tolist():
             if not 0 <= i < len(self.shards):
                 raise InvalidArgumentError(f"update_priority: index {int(slots[shard_of == i][0])} names no shard")
+            if i not in live:  # degraded: a down shard's updates are dropped (not counted as applied)
+                continue
             mask = shard_of == i
             parts.append((i, slots[mask] % self.capacity, values[mask], None if gens is None else gens[mask]))
         return int(
