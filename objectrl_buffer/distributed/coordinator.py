@@ -53,7 +53,10 @@ from objectrl_buffer.distributed.cut import generation_folder, prune, read_manif
 from objectrl_buffer.errors import CheckpointError, RateLimitDeadlock, RateLimitTimeout, ReplayBufferError
 from objectrl_buffer.flow.limiter import RateLimiter
 
-__all__ = ["Coordinator"]
+__all__ = ["PING_S", "Coordinator"]
+
+#: Seconds every shard has to answer before a checkpoint cut starts (else the cut is skipped).
+PING_S = 2.0
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +103,7 @@ class Coordinator:
         self.max_failed_cuts = max_failed_cuts
         self.failed_cuts = 0  # cuts that failed, ever (this actor's lifetime)
         self.failing = 0  # failed in a row since the last good one
+        self.skipped_cuts = 0  # cuts skipped because a shard did not answer (see checkpoint())
         self.last_good: float | None = None  # wall time of the last good cut (the manifest's, after a restart)
         self.last_error: str | None = None
         if root is not None:
@@ -156,7 +160,8 @@ class Coordinator:
 
     async def cut_status(self) -> dict[str, Any]:
         """``failed_cuts`` (ever, this actor), ``failing`` (in a row), ``last_cut_age_s`` (seconds since the last
-        good cut, ``None``: none yet), ``last_error`` (of the last failed cut) and ``max_failed_cuts``."""
+        good cut, ``None``: none yet), ``last_error`` (of the last failed or skipped cut), ``max_failed_cuts`` and
+        ``skipped_cuts`` (skipped because a shard did not answer, see :meth:`checkpoint`)."""
         age = None if self.last_good is None else max(0.0, time.time() - self.last_good)
         return {
             "failed_cuts": self.failed_cuts,
@@ -164,7 +169,14 @@ class Coordinator:
             "last_cut_age_s": age,
             "last_error": self.last_error,
             "max_failed_cuts": self.max_failed_cuts,
+            "skipped_cuts": self.skipped_cuts,
         }
+
+    async def node_id(self) -> str:
+        """The Ray node this actor runs on."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
 
     # ------------------------------------------------------------------ rate limiting
     async def admit_insert(self, shard: int, n: int, timeout: float | None) -> bool | ReplayBufferError:
@@ -212,7 +224,18 @@ class Coordinator:
     async def checkpoint(self) -> int:
         """Take one consistent cut of every shard and the limiter (see the module docs); its generation.
 
-        A failed cut is counted (:meth:`cut_status`), logged as a warning, and raised."""
+        A failed cut is counted (:meth:`cut_status`), logged as a warning, and raised. A cut is first asked of
+        every shard without pausing admissions: a shard that does not answer within :data:`PING_S` (its node
+        lost, its actor restarting) skips the cut, counted in ``skipped_cuts`` and raised as a
+        :class:`~objectrl_buffer.errors.CheckpointError`, but not in the ``failing`` streak that refuses
+        admissions: the other shards go on (degraded mode, see :mod:`.health`), and the next cut is tried
+        ``checkpoint_every_s`` later."""
+        missing = await self._unreachable()
+        if missing:
+            self.skipped_cuts += 1
+            self.last_error = f"shards {missing} did not answer within {PING_S:g} s: cut skipped"
+            logger.warning("remote buffer: checkpoint cut skipped: %s", self.last_error)
+            raise CheckpointError(f"remote buffer: {self.last_error}")
         try:
             generation = await self._cut()
         except Exception as exc:
@@ -229,6 +252,12 @@ class Coordinator:
             raise
         self.failing, self.last_good, self.last_error = 0, time.time(), None
         return generation
+
+    async def _unreachable(self) -> list[int]:
+        """The shards that do not answer a ``counts`` call within :data:`PING_S`."""
+        calls = [asyncio.ensure_future(asyncio.wait_for(shard.counts.remote(), PING_S)) for shard in self.shards]
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        return [i for i, answer in enumerate(answers) if isinstance(answer, BaseException)]
 
     async def _cut(self) -> int:
         assert self.root is not None

@@ -134,6 +134,7 @@ class RemoteBuffer:
         max_restarts: int = 3,
         retry_timeout_s: float = 30.0,
         actor_options: Mapping[str, Any] | None = None,
+        coordinator_options: Mapping[str, Any] | None = None,
         max_failed_cuts: int = 3,
         shard_loss: Literal["degrade", "wait"] = "degrade",
         shard_timeout_s: float = 2.0,
@@ -151,6 +152,8 @@ class RemoteBuffer:
             retry_timeout_s: how long a call retries a dead shard before
                 :class:`~objectrl_buffer.errors.BufferUnavailable`.
             actor_options: Ray options of the shard actors (default ``{"num_cpus": 0}``).
+            coordinator_options: Ray options of the coordinator actor, added to ``{"num_cpus": 0}`` (e.g.
+                ``resources`` or a ``scheduling_strategy`` to keep it off the writers' nodes).
             max_failed_cuts: after this many checkpoint cuts failed in a row, writes and samples raise
                 :class:`~objectrl_buffer.errors.CheckpointError` until a cut succeeds (each failure is also
                 counted in :meth:`checkpoint_status` and warned about in the driver).
@@ -192,7 +195,8 @@ class RemoteBuffer:
         coordinator = None
         if rate_limiter is not None or root is not None:
             # an async actor: a waiting admission is a coroutine, not a thread (see .coordinator)
-            coord = ray.remote(Coordinator).options(num_cpus=0, max_concurrency=100_000, max_restarts=max_restarts)
+            coord_options = {"num_cpus": 0, "max_restarts": max_restarts, **(coordinator_options or {})}
+            coord = ray.remote(Coordinator).options(**coord_options, max_concurrency=100_000)
             coordinator = coord.remote(
                 shards, rate_limiter, int(capacity), root, checkpoint_every_s, keep, resume, max_failed
             )
