@@ -181,6 +181,9 @@ class Writer:
         #: ``(ref, shard, seq, batch or its SharedRows, admission, column set or None)`` of each batch not yet
         #: acknowledged.
         self.in_flight: deque[tuple[Any, int, int, Any, Any, _Columns | None]] = deque()
+        #: batches in flight to a shard found down (degraded mode): set aside, not counted in ``max_in_flight``,
+        #: settled once their shard answers again, before any later batch goes to it (see :meth:`_park`)
+        self.parked: list[tuple[Any, int, int, Any, Any, _Columns | None]] = []
         self.deadline = time.monotonic() + self.flush_every_s
         #: held by each public call: threads sharing this writer take turns (its batches, sets and seqs are
         #: one stream; see the class docs)
@@ -323,6 +326,8 @@ class Writer:
             self._settle()
         remote = self.remote
         shard = remote.next_shard()
+        if self.parked:
+            self._unpark(shard)
         remote.admit_insert(shard, batch_rows(batch, remote.num_envs), None)  # asked again if the coordinator died
         admitted = None
         payload: dict[str, Any] | SharedRows = batch
@@ -354,6 +359,8 @@ class Writer:
         if self.in_flight[0][0] is None:  # kept after an earlier BufferUnavailable
             self._resend()
             return
+        if self._park():
+            return
         try:
             written = ray.get(self.in_flight[0][0])
         except ray.exceptions.RayActorError:
@@ -369,6 +376,69 @@ class Writer:
             self._resend()
             return
         self._done()
+
+    def _park(self) -> bool:
+        """Degraded mode (see :mod:`.health`): set the oldest batch aside if its shard has not answered within
+        ``shard_timeout_s`` (the shard is marked down: later batches go to the other shards); whether it was.
+
+        A batch set aside is never sent to another shard (its own may have stored it before dying). At most
+        ``max_in_flight`` a shard are set aside; past that the oldest is waited for."""
+        health, shards = self.remote.health, self.remote.shards
+        if not health.degrading or len(shards) < 2:
+            return False
+        ref, shard = self.in_flight[0][0], self.in_flight[0][1]
+        if _ray().wait([ref], timeout=health.shard_timeout_s)[0]:
+            return False
+        health.mark_down(shard, f"a writer batch unanswered within shard_timeout_s={health.shard_timeout_s:g}")
+        self.parked.append(self.in_flight.popleft())
+        if len(self.parked) > self.max_in_flight * len(shards):
+            self._settle_parked(self.parked[0][1])
+        return True
+
+    def _unpark(self, shard: int) -> None:
+        """Settle the batches set aside for ``shard`` (the next batch goes there; waits for them) and those of
+        shards that answer again (never waits for a shard still down)."""
+        live = set(self.remote.health.live(self.remote.shards))
+        for s in sorted({entry[1] for entry in self.parked}):
+            if s == shard or s in live:
+                self._settle_parked(s)
+
+    def _settle_parked(self, shard: int) -> None:
+        """Settle the batches set aside for ``shard``, in order: acknowledged, or sent to it again once it is
+        back (stored once). Raises as :meth:`_settle`; what is not settled stays set aside."""
+        ray = _ray()
+        while True:
+            mine = [entry for entry in self.parked if entry[1] == shard]
+            if not mine:
+                return
+            entry = mine[0]
+            written: Any = MISSING
+            if entry[0] is not None:
+                try:
+                    written = ray.get(entry[0])
+                except ray.exceptions.RayActorError:
+                    pass
+                except ray.exceptions.RayTaskError as exc:
+                    self._unparked(entry)
+                    if isinstance(exc.cause, ReplayBufferError):
+                        raise exc.cause from None
+                    raise
+                if written == MISSING and entry[0] is not None and isinstance(entry[3], SharedRows):
+                    self.local[shard] = False
+            if written == MISSING:  # died with its shard, or kept after an earlier error: sent again, in order
+                index = self.parked.index(entry)
+                self.parked[index] = (None, *entry[1:])
+                again = self._as_rows(self.parked[index])
+                while self.remote.retry("writer batch", functools.partial(self._submit, again), shard=shard) == MISSING:
+                    self.local[shard] = False
+                    again = self._as_rows(again)
+                entry = self.parked[index]
+            self._unparked(entry)
+
+    def _unparked(self, entry: tuple[Any, int, int, Any, Any, _Columns | None]) -> None:
+        self.parked.remove(entry)
+        if entry[5] is not None:
+            self.spare.append(entry[5])
 
     def _resend(self) -> None:
         """Send every batch in flight again, in order, once the oldest is stored (see :meth:`_settle`)."""
@@ -406,7 +476,7 @@ class Writer:
         way, or kept after a :class:`~objectrl_buffer.errors.BufferUnavailable` to be sent again. ``0`` after a
         :meth:`flush` or :meth:`close` that returned."""
         rows = self.filled
-        for entry in self.in_flight:
+        for entry in [*self.in_flight, *self.parked]:
             payload = entry[3]
             rows += payload.rows if isinstance(payload, SharedRows) else batch_rows(payload, self.remote.num_envs)
         return rows
@@ -436,6 +506,8 @@ class Writer:
         self._send()
         while self.in_flight:
             self._settle()
+        while self.parked:
+            self._settle_parked(self.parked[0][1])
 
     def close(self) -> None:
         """:meth:`flush`, then let the shards drop their mappings of this writer's files and remove them.

@@ -184,7 +184,11 @@ def test_a_shard_node_lost_mid_writes(cluster: Any, tmp_path: Path) -> None:
         cluster.remove_node(victim, allow_graceful=False)
         cluster.add_node(num_cpus=0, resources={"shard_slot": 1})
         wait_until(lambda: remote.health.outages >= 1, 30, "the handle finds shard 1 down")
+        accepted = len(run.accepted[0]) + len(run.accepted[1])
         wait_until(lambda: any(degraded for _, degraded, _ in run.calls), 30, "a degraded sample")
+        # the writers go on with shard 0 meanwhile (their batches on shard 1 set aside, not waited for)
+        wait_until(lambda: len(run.accepted[0]) + len(run.accepted[1]) > accepted + 1_000, 30, "writes while down")
+        assert remote.health.down == {1: remote.health.down[1]}
         wait_until(lambda: not remote.health.down, 60, "shard 1 back")
         before = len(remote)
         wait_until(lambda: len(remote) > before + 500, 30, "writes flowing again")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -74,10 +75,12 @@ def test_failing_automatic_cuts_are_counted_warned_about_and_then_refuse_calls(l
     status = ray.get(remote.coordinator.cut_status.remote())
     assert status["failed_cuts"] >= 3 and "FileExistsError" in status["last_error"]
     blocker.unlink()
-    assert remote.checkpoint() == 1  # a good cut: calls go through again
-    status = remote.checkpoint_status()
-    assert status["failing"] == 0 and status["last_cut_age_s"] is not None
-    remote.add_batch(rows(5, 1))
+    assert remote.checkpoint() >= 1  # a good cut (the automatic ones may take one first): calls go through again
+    with warnings.catch_warnings():  # automatic cuts that failed after the warned three are warned about once
+        warnings.simplefilter("ignore", RuntimeWarning)
+        status = remote.checkpoint_status()
+        assert status["failing"] == 0 and status["last_cut_age_s"] is not None
+        remote.add_batch(rows(5, 1))
     assert len(remote) == 6
     remote.kill()
 
