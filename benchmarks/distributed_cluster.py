@@ -25,6 +25,7 @@ The ratios are speeds, ours over torchrl's (above 1: ours faster). One run on a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import itertools
 import math
@@ -183,15 +184,22 @@ class WriterActor:
             client.extend(td)
         return n * len(td) / (time.perf_counter() - start)
 
-    def loop(self, handle: Any, data: dict[str, np.ndarray], until: float) -> tuple[list[float], list[str]]:
-        """``add_batch`` until wall-clock time ``until``: when each call returned, and the errors met."""
+    def loop(
+        self, handle: Any, data: dict[str, np.ndarray], until: float, batched: bool = False
+    ) -> tuple[list[float], list[str]]:
+        """``add_batch`` until wall-clock time ``until`` (``batched``: a ``Writer``'s, else the handle's blocking
+        one): when each call returned, and the errors met."""
         done, errors = [], []
+        target = handle.writer(batch_size=len(data["obs"])) if batched else handle
         while time.time() < until:
             try:
-                handle.add_batch(data)
+                target.add_batch(data)
                 done.append(time.time())
             except Exception as exc:  # BufferUnavailable: reported, and writing goes on
                 errors.append(type(exc).__name__)
+        if batched:
+            with contextlib.suppress(Exception):
+                target.close()
         return done, errors
 
 
@@ -448,23 +456,25 @@ def calls_after(done: list[float], kill: float, end: float) -> list[float]:
 
 def stall_section(args: argparse.Namespace) -> list[str]:
     lines = [
-        "\n| health checks | shard_loss | writes stalled, s | samples stalled, s | errors (writer; learner) "
-        "| calls after the stall (writer; learner) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "\n| health checks | shard_loss | `add_batch` stalled, s | `Writer.add_batch` stalled, s | samples stalled, s "
+        "| errors (writers; learner) | calls after the stall (add_batch; learner) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for health in [h for h in args.health.split(",") if h]:
         tuned = health == "tuned"
         with cluster(tuned=tuned, store_mb=256) as c, tempfile.TemporaryDirectory() as tmp:
             for mode in modes():
                 got = one_stall(c, mode, args.stall_s / (4 if tuned else 1), tmp)
-                lines.append(f"| {health} | {mode} | {got[0]:.1f} | {got[1]:.1f} | {got[2]} | {got[3]} |")
+                lines.append(
+                    f"| {health} | {mode} | {got[0]:.1f} | {got[1]:.1f} | {got[2]:.1f} | {got[3]} | {got[4]} |"
+                )
     return lines
 
 
-def one_stall(c: Any, mode: str, observe_s: float, tmp: str) -> tuple[float, float, str, str]:
-    """2 shards of small rows, a writer actor writing and the driver sampling; shard 0's node hard-killed after
-    2 s: the longest gaps, the errors, and the calls that returned after the longest gap; then a fresh node in
-    the dead one's place (for the next mode)."""
+def one_stall(c: Any, mode: str, observe_s: float, tmp: str) -> tuple[float, float, float, str, str]:
+    """2 shards of small rows, two writer actors (blocking ``add_batch``, a ``Writer``), the driver sampling;
+    shard 0's node hard-killed after 2 s: the longest gaps, the errors, and the calls that returned after the
+    longest gap; then a fresh node in the dead one's place (for the next mode)."""
     import ray
 
     extra = {"shard_loss": mode} if "degrade" in modes() else {}
@@ -475,11 +485,13 @@ def one_stall(c: Any, mode: str, observe_s: float, tmp: str) -> tuple[float, flo
     placed = handle.node_ids()
     free = [n for n in workers(c) if n not in placed]
     writer = ray.remote(WriterActor).options(**pinned(free[0])).remote()
-    ray.get(writer.__ray_ready__.remote())
+    batcher = ray.remote(WriterActor).options(**pinned(free[0])).remote()
+    ray.get([writer.__ray_ready__.remote(), batcher.__ray_ready__.remote()])
     victim = next(n for n in c.worker_nodes if n.node_id == placed[0])
     start = time.time()
     kill_at, end = start + 2.0, start + 2.0 + observe_s
     wrote = writer.loop.remote(handle, data, end)
+    batched = batcher.loop.remote(handle, data, end, True)
     killer = threading.Timer(kill_at - time.time(), lambda: c.remove_node(victim, allow_graceful=False))
     killer.start()
     sampled, learner_errors = [], []
@@ -491,12 +503,16 @@ def one_stall(c: Any, mode: str, observe_s: float, tmp: str) -> tuple[float, flo
             learner_errors.append(type(exc).__name__)
     killer.join()
     done, writer_errors = ray.get(wrote)
+    done_batched, batcher_errors = ray.get(batched)
+    writer_errors += batcher_errors
     add_worker(c, 256)  # the lost capacity back, for the next run
     handle.kill(close_timeout_s=5)
     ray.kill(writer)
+    ray.kill(batcher)
     errors = f"{len(writer_errors)}; {len(learner_errors)}"
     if writer_errors or learner_errors:
         errors += f" ({', '.join(sorted(set(writer_errors + learner_errors)))})"
     wrote_gap, sampled_gap = longest_gap(done, kill_at, end), longest_gap(sampled, kill_at, end)
+    batched_gap = longest_gap(done_batched, kill_at, end)
     after = f"{len(calls_after(done, kill_at, end))}; {len(calls_after(sampled, kill_at, end))}"
-    return wrote_gap, sampled_gap, errors, after
+    return wrote_gap, batched_gap, sampled_gap, errors, after

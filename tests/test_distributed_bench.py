@@ -46,6 +46,6 @@ def test_quick_mode_runs_every_section(tmp_path: Path) -> None:
             assert f"{kind} rows, {shards}: add_batch" in " ".join(rows), kind
             assert float(rows[f"{kind} rows, {shards}: sample_batch(256) p50, ms"][0]) > 0
         assert "every shard ships 256 rows (before)" in rows and "two calls: masses, then the rows kept" in rows
-    mode, writes, samples, _, after = rows["tuned"]  # the stall after a node loss, and the calls after it
+    mode, writes, _, samples, _, after = rows["tuned"]  # the stall after a node loss, and the calls after it
     assert mode in ("wait", "degrade") and float(writes) > 0 and float(samples) > 0
     assert all(int(n) > 0 for n in after.split(";")), after  # writes and samples flowed again
