@@ -336,7 +336,7 @@ def ray_results(rows: int, writers: int, rounds: int) -> dict[str, Any]:
 
     from objectrl_buffer.distributed import RemoteBuffer
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     out: dict[str, list[float]] = {}
 
     def put(name: str, value: float) -> None:
@@ -437,7 +437,7 @@ def transport_results(rows: int, rounds: int) -> dict[str, Any]:
 
     from objectrl_buffer.distributed import RemoteBuffer
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     out: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         remote = RemoteBuffer.launch(ReplayBuffer, "cpu", "cpu", rows, seed=0, storage_dir=tmp)

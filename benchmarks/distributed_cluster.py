@@ -120,7 +120,14 @@ def cluster(tuned: bool, store_mb: int) -> Iterator[Any]:
     import ray
     from ray.cluster_utils import Cluster
 
-    head = {"num_cpus": 1, "include_dashboard": False, "object_store_memory": store_mb << 20}
+    # a temp dir of its own: Ray's default one would record this cluster as "the current one", and a plain
+    # ray.init() elsewhere on the machine would join it instead of starting its own
+    head = {
+        "num_cpus": 1,
+        "include_dashboard": False,
+        "object_store_memory": store_mb << 20,
+        "temp_dir": tempfile.mkdtemp(prefix="ray-cluster-"),
+    }
     if tuned:
         head["_system_config"] = dict(TUNED)
     c = Cluster(initialize_head=True, head_node_args=head)

@@ -120,7 +120,7 @@ TOTAL, BATCH = 600, 16
 DRIVER = """
 import json, runpy, sys
 import ray
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
 main = runpy.run_path(sys.argv[1])["main"]
 for mode, argv in json.loads(sys.argv[2]).items():
     print(f"=== {mode}", flush=True)

@@ -49,6 +49,7 @@ from tensordict import TensorDict, TensorDictBase
 from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.distributed.admission import Asked, admit
 from objectrl_buffer.distributed.coordinator import Coordinator
+from objectrl_buffer.distributed.discovery import Registry, check_free, find, named_options
 from objectrl_buffer.distributed.draws import Draw, Sampler, get_all
 from objectrl_buffer.distributed.health import DEGRADED_KEY, SHARD_LOSS, ShardHealth
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
@@ -56,6 +57,7 @@ from objectrl_buffer.distributed.shard import (
     GENERATION_KEY,
     Shard,
     to_numpy,
+    unpack,
 )
 from objectrl_buffer.distributed.writer import Writer
 from objectrl_buffer.errors import (
@@ -93,8 +95,13 @@ class RemoteBuffer:
         buffer_id: str = "",
         shard_loss: Literal["degrade", "wait"] = "degrade",
         shard_timeout_s: float = 2.0,
+        name: str | None = None,
+        namespace: str | None = None,
     ) -> None:
         self.shards, self.capacity, self.beta = shards, capacity, beta
+        #: the buffer's name and namespace (``None``: unnamed; see :mod:`.discovery`)
+        self.name, self.namespace = name, namespace
+        self.registry: Any = None  # a named buffer's registry actor (see :mod:`.discovery`)
         #: the shards this handle finds down, and its degraded mode's counters (see :mod:`.health`)
         self.health = ShardHealth(len(shards), shard_loss, shard_timeout_s)
         self.buffer_id = buffer_id
@@ -138,6 +145,9 @@ class RemoteBuffer:
         max_failed_cuts: int = 3,
         shard_loss: Literal["degrade", "wait"] = "degrade",
         shard_timeout_s: float = 2.0,
+        name: str | None = None,
+        namespace: str | None = None,
+        detached: bool = False,
         **kwargs: Any,
     ) -> RemoteBuffer:
         """Start ``num_shards`` actors holding ``buffer_cls(*args, **kwargs)`` each (``seed`` differs per shard).
@@ -160,11 +170,15 @@ class RemoteBuffer:
             shard_loss: ``"degrade"`` (default): a handle goes on without a shard that does not answer, samples
                 flagged ``"degraded"``; ``"wait"``: every call waits for every shard (see :mod:`.health`).
             shard_timeout_s: how long a shard's draw may take before a degraded sample leaves it out.
+            name, namespace: make the buffer reachable from other drivers with :meth:`connect` (Ray named
+                actors, see :mod:`.discovery`). detached: the actors outlive this driver (until :meth:`kill`).
 
         Raises:
-            ImportError: Ray is not installed. InvalidArgumentError: a bad argument, named.
+            ImportError: Ray is not installed. InvalidArgumentError: a bad argument, named; ``name`` in use in
+                ``namespace``; ``actor_options`` that name the actors.
         """
         ray = _ray()
+        check_free(name, namespace, actor_options, detached)
         n = positive_int(num_shards, "num_shards")
         keep = positive_int(keep_last, "keep_last")
         retry_s = real_in(retry_timeout_s, "retry_timeout_s", 0.0, float("inf"))
@@ -183,25 +197,31 @@ class RemoteBuffer:
         root = None if checkpoint_path is None else str(checkpoint_path)
         options = dict(actor_options or {"num_cpus": 0})
         options.setdefault("max_restarts", max_restarts)
-        actor = ray.remote(Shard).options(**options)
+        actor = ray.remote(Shard)
         seed = kwargs.pop("seed", None)
         buffer_id = uuid.uuid4().hex[:16]  # names the writers' folders a shard accepts (see Shard._map)
         shards = []
         for i in range(n):
             shard_kwargs = dict(kwargs, seed=None if seed is None else seed + i)
-            shards.append(actor.remote(buffer_cls, args, shard_kwargs, i, root, resume, buffer_id))
+            named = actor.options(**options, **named_options(name, namespace, detached, f"shard-{i}"))
+            shards.append(named.remote(buffer_cls, args, shard_kwargs, i, root, resume, buffer_id))
         capacity, num_envs = ray.get([shards[0].get.remote("buffer_size"), shards[0].get.remote("num_envs")])
         beta = ray.get(shards[0].get.remote("beta")) if hasattr(buffer_cls, "update_priority") else None
         coordinator = None
         if rate_limiter is not None or root is not None:
             # an async actor: a waiting admission is a coroutine, not a thread (see .coordinator)
-            coord_options = {"num_cpus": 0, "max_restarts": max_restarts, **(coordinator_options or {})}
+            coord_options = {
+                "num_cpus": 0,
+                "max_restarts": max_restarts,
+                **(coordinator_options or {}),
+                **named_options(name, namespace, detached, "coordinator"),
+            }
             coord = ray.remote(Coordinator).options(**coord_options, max_concurrency=100_000)
             coordinator = coord.remote(
                 shards, rate_limiter, int(capacity), root, checkpoint_every_s, keep, resume, max_failed
             )
             ray.get(coordinator.counters.remote())  # started (and resumed) before the first write
-        return cls(
+        handle = cls(
             shards,
             int(capacity),
             beta,
@@ -214,7 +234,27 @@ class RemoteBuffer:
             buffer_id=buffer_id,
             shard_loss=shard_loss,
             shard_timeout_s=shard_timeout,
+            name=name,
+            namespace=namespace,
         )
+        if name is not None:  # kept by the handle: an actor that no handle holds goes, named or not (unless detached)
+            registry = ray.remote(Registry).options(num_cpus=0, **named_options(name, namespace, detached, None))
+            handle.registry = registry.remote(handle.__reduce__()[1])
+            ray.get(handle.registry.__ray_ready__.remote())
+        return handle
+
+    @classmethod
+    def connect(cls, name: str, namespace: str | None = None) -> RemoteBuffer:
+        """A handle on the buffer launched with ``name`` in ``namespace`` (``None``: this job's), from any driver
+        connected to its cluster (``ray.init(address=...)``); it writes under a writer id of its own.
+
+        Raises:
+            ImportError: Ray is not installed. InvalidArgumentError: no such buffer (see :mod:`.discovery`).
+        """
+        registry, parts = find(name, namespace)
+        handle = _rebuild(*parts)
+        handle.registry = registry
+        return handle
 
     def __reduce__(self) -> tuple[Any, ...]:
         settings = {
@@ -226,6 +266,8 @@ class RemoteBuffer:
             "buffer_id": self.buffer_id,
             "shard_loss": self.health.mode,
             "shard_timeout_s": self.health.shard_timeout_s,
+            "name": self.name,
+            "namespace": self.namespace,
         }
         return (_rebuild, (self.shards, self.capacity, self.beta, settings))
 
@@ -445,8 +487,8 @@ class RemoteBuffer:
 
     def _collect(self, draw: Draw, refs: list[Any]) -> tuple[list[Any], list[int]]:
         """The packed draws of ``draw`` and the shards they came from: in degraded mode those that answered
-        within ``shard_timeout_s`` (the others marked down), else, or when none answered, all of them (a shard
-        that died drawn again after its restart)."""
+        within ``shard_timeout_s`` (the others marked down), else, or when none of those holds a row, all of
+        them (a shard that died drawn again after its restart)."""
         ray = _ray()
         health = self.health
         if health.degrading and len(self.shards) > 1:
@@ -467,8 +509,9 @@ class RemoteBuffer:
                         raise exc.cause from None
                     raise
                 shards.append(shard)
-            if got:
+            if any(unpack(packed, copy=False)[0] > 0 for packed in got):
                 return got, shards
+            # no row among the shards that answered: waiting for the others beats a false EmptyBufferError
         try:
             return get_all(refs), list(draw.shards)
         except ray.exceptions.RayActorError:  # admitted already: drawn again, from every shard
@@ -650,7 +693,8 @@ class RemoteBuffer:
         return list(self.retry(name, lambda: [s.call.remote(name, *args, **kwargs) for s in self.shards]))
 
     def kill(self, close_timeout_s: float = 30.0) -> None:
-        """Close every shard's buffer, then stop the shard actors (and the coordinator) for good.
+        """Close every shard's buffer, then stop the shard actors (and the coordinator, and a named buffer's
+        registry, freeing its name) for good.
 
         Closing frees each shard's storage: its folder under ``storage_dir`` (or ``/dev/shm``) and the files in
         it go. A shard that has not closed within ``close_timeout_s`` (dead, or busy) is killed as it is; its
@@ -663,7 +707,11 @@ class RemoteBuffer:
         for ref in closing:
             with contextlib.suppress(ray.exceptions.RayError):  # GetTimeoutError too: killed as it is
                 ray.get(ref, timeout=0)
-        for actor in [*self.shards, *([self.coordinator] if self.coordinator is not None else [])]:
+        actors = [*self.shards, *([self.coordinator] if self.coordinator is not None else [])]
+        if self.name is not None:  # the registry, which keeps the name taken
+            with contextlib.suppress(ValueError):  # killed already
+                actors.append(ray.get_actor(self.name, namespace=self.namespace))
+        for actor in actors:
             ray.kill(actor, no_restart=True)
 
 

@@ -12,6 +12,8 @@ hard kill is seen in ~1.5 s instead of ~15 s. The longer run (several kills) is 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -44,11 +46,13 @@ SLACK_S = 10.0  # what a loaded 2-core machine may add to it (never a speed asse
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
+    tmp = tempfile.mkdtemp(prefix="ray-cluster-")  # short: Ray's socket paths live under it
     if ray.is_initialized():  # an earlier module's local Ray
         ray.shutdown()
-    c = cluster_utils.Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False, "_system_config": HEALTH}
-    )
+    # a temp dir of its own: in Ray's default one this cluster would be "the current one", and a plain
+    # ray.init() of a test running beside this one (pytest -n 2) would join it instead of starting its own
+    head = {"num_cpus": 2, "include_dashboard": False, "_system_config": HEALTH, "temp_dir": str(tmp)}
+    c = cluster_utils.Cluster(initialize_head=True, head_node_args=head)
     try:
         for slot in ("shard_slot", "shard_slot", "coord_slot"):
             c.add_node(num_cpus=0, resources={slot: 1})
@@ -58,6 +62,7 @@ def cluster() -> Iterator[Any]:
     finally:
         ray.shutdown()
         c.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def launch(tmp: Path) -> RemoteBuffer:

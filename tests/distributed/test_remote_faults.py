@@ -28,7 +28,7 @@ def local_ray() -> Iterator[None]:
     """The suite's local Ray (see test_remote.py), started here only when no earlier module left one running."""
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     if started:
         ray.shutdown()
