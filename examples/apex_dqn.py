@@ -508,7 +508,7 @@ def train(args: argparse.Namespace, wall_start: float) -> float:
         ray.get(ref)
     if isinstance(batches, Generator):
         batches.close()  # stops the prefetch thread; its samples in flight are dropped
-    rows_held, priority_mass = map(sum, zip(*handle.stats(), strict=True))
+    rows_held, priority_mass = map(sum, zip(*handle.masses(), strict=True))
     if gate is None:  # the buffer's limiter counted; mirror its counters here for the report
         limiter.restore({}, handle.limiter_counters())
     final = evaluate(q_network, args.final_episodes, args.seed + 99_999)

@@ -50,6 +50,7 @@ import time
 from typing import Any
 
 from objectrl_buffer.distributed.cut import generation_folder, prune, read_manifest, write_manifest
+from objectrl_buffer.distributed.observe import LimiterStats, MetricsThread
 from objectrl_buffer.errors import CheckpointError, RateLimitDeadlock, RateLimitTimeout, ReplayBufferError
 from objectrl_buffer.flow.limiter import RateLimiter
 
@@ -75,6 +76,7 @@ class Coordinator:
         resume: start from the manifest's generation and the shards' counts (a restart of this actor always
             does, see the module docs).
         max_failed_cuts: cuts failing in a row before every admission is refused with ``CheckpointError``.
+        metrics_tag: the buffer's tag of the limiter's Ray gauges (``None``: no gauges; see :mod:`.observe`).
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class Coordinator:
         keep_last: int = 2,
         resume: bool = False,
         max_failed_cuts: int = 3,
+        metrics_tag: str | None = None,
     ) -> None:
         import ray
 
@@ -104,6 +107,7 @@ class Coordinator:
         self.failed_cuts = 0  # cuts that failed, ever (this actor's lifetime)
         self.failing = 0  # failed in a row since the last good one
         self.skipped_cuts = 0  # cuts skipped because a shard did not answer (see checkpoint())
+        self.blocked = {"insert": 0.0, "sample": 0.0}  # seconds admissions waited for the limiter, in all
         self.last_good: float | None = None  # wall time of the last good cut (the manifest's, after a restart)
         self.last_error: str | None = None
         if root is not None:
@@ -117,6 +121,8 @@ class Coordinator:
             self._rebuild()
         if root is not None and every_s is not None:
             threading.Thread(target=self._every, args=(every_s,), daemon=True).start()
+        #: Ray gauges of the limiter (see :mod:`.observe`), when ``metrics_tag`` (the buffer's) is given
+        self.metrics = None if metrics_tag is None else MetricsThread(self._metric_values, {"buffer": metrics_tag})
 
     def _adopt(self, manifest: dict[str, Any]) -> None:
         self.generation = manifest["generation"]
@@ -189,10 +195,13 @@ class Coordinator:
         if refused is not None:
             return refused
         if self.limiter is not None and n > 0:
+            start = time.monotonic()
             try:
                 await self.limiter.insert_async(n, timeout)
             except (RateLimitTimeout, RateLimitDeadlock) as exc:
                 return exc
+            finally:
+                self.blocked["insert"] += time.monotonic() - start
             held = self.rows[shard] + n
             self.rows[shard] = min(held, self.capacity)
             if held > self.capacity:
@@ -207,11 +216,40 @@ class Coordinator:
         if refused is not None:
             return refused
         if self.limiter is not None:
+            start = time.monotonic()
             try:
                 await self.limiter.sample_async(n, timeout)
             except (RateLimitTimeout, RateLimitDeadlock) as exc:
                 return exc
+            finally:
+                self.blocked["sample"] += time.monotonic() - start
         return True
+
+    async def usage(self) -> LimiterStats | None:
+        """The limiter's counters and the seconds admissions waited for it (``None`` without a limiter)."""
+        if self.limiter is None:
+            return None
+        counters = await self.counters()
+        return {
+            "inserts": counters["inserts"],
+            "samples": counters["samples"],
+            "deletes": counters["deletes"],
+            "insert_blocked_s": self.blocked["insert"],
+            "sample_blocked_s": self.blocked["sample"],
+        }
+
+    def _metric_values(self) -> dict[str, float]:
+        values = self.limiter.state()[1] if self.limiter is not None else {}
+        return {
+            "objectrl_buffer_limiter_inserts": float(values.get("inserts", 0)),
+            "objectrl_buffer_limiter_samples": float(values.get("samples", 0)),
+            "objectrl_buffer_limiter_insert_blocked_seconds": self.blocked["insert"],
+            "objectrl_buffer_limiter_sample_blocked_seconds": self.blocked["sample"],
+        }
+
+    async def metric_values(self) -> dict[str, float]:
+        """What the coordinator's Ray gauges were set to last (see :mod:`.observe`; empty without metrics)."""
+        return {} if self.metrics is None else dict(self.metrics.last)
 
     async def counters(self) -> dict[str, int]:
         """The limiter's ``inserts``, ``samples`` and ``deletes`` (empty without a limiter)."""

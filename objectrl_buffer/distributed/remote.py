@@ -33,6 +33,7 @@ checkpoints are asked for, one :class:`~.coordinator.Coordinator` actor. Payload
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 import time
@@ -52,6 +53,7 @@ from objectrl_buffer.distributed.coordinator import Coordinator
 from objectrl_buffer.distributed.discovery import Registry, check_free, find, named_options
 from objectrl_buffer.distributed.draws import Draw, Sampler, get_all
 from objectrl_buffer.distributed.health import DEGRADED_KEY, SHARD_LOSS, ShardHealth
+from objectrl_buffer.distributed.observe import BufferStats, LimiterStats, ShardStats
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
 from objectrl_buffer.distributed.shard import (
     GENERATION_KEY,
@@ -102,6 +104,8 @@ class RemoteBuffer:
         #: the buffer's name and namespace (``None``: unnamed; see :mod:`.discovery`)
         self.name, self.namespace = name, namespace
         self.registry: Any = None  # a named buffer's registry actor (see :mod:`.discovery`)
+        #: (when, inserts, samples) at the last stats() call: its rates are since then
+        self._stats_at = (time.monotonic(), 0, 0)
         #: the shards this handle finds down, and its degraded mode's counters (see :mod:`.health`)
         self.health = ShardHealth(len(shards), shard_loss, shard_timeout_s)
         self.buffer_id = buffer_id
@@ -148,6 +152,7 @@ class RemoteBuffer:
         name: str | None = None,
         namespace: str | None = None,
         detached: bool = False,
+        metrics: bool = True,
         **kwargs: Any,
     ) -> RemoteBuffer:
         """Start ``num_shards`` actors holding ``buffer_cls(*args, **kwargs)`` each (``seed`` differs per shard).
@@ -172,6 +177,7 @@ class RemoteBuffer:
             shard_timeout_s: how long a shard's draw may take before a degraded sample leaves it out.
             name, namespace: make the buffer reachable from other drivers with :meth:`connect` (Ray named
                 actors, see :mod:`.discovery`). detached: the actors outlive this driver (until :meth:`kill`).
+            metrics: export the shards' and the limiter's numbers as Ray gauges (see :mod:`.observe`).
 
         Raises:
             ImportError: Ray is not installed. InvalidArgumentError: a bad argument, named; ``name`` in use in
@@ -204,7 +210,7 @@ class RemoteBuffer:
         for i in range(n):
             shard_kwargs = dict(kwargs, seed=None if seed is None else seed + i)
             named = actor.options(**options, **named_options(name, namespace, detached, f"shard-{i}"))
-            shards.append(named.remote(buffer_cls, args, shard_kwargs, i, root, resume, buffer_id))
+            shards.append(named.remote(buffer_cls, args, shard_kwargs, i, root, resume, buffer_id, bool(metrics)))
         capacity, num_envs = ray.get([shards[0].get.remote("buffer_size"), shards[0].get.remote("num_envs")])
         beta = ray.get(shards[0].get.remote("beta")) if hasattr(buffer_cls, "update_priority") else None
         coordinator = None
@@ -218,7 +224,15 @@ class RemoteBuffer:
             }
             coord = ray.remote(Coordinator).options(**coord_options, max_concurrency=100_000)
             coordinator = coord.remote(
-                shards, rate_limiter, int(capacity), root, checkpoint_every_s, keep, resume, max_failed
+                shards,
+                rate_limiter,
+                int(capacity),
+                root,
+                checkpoint_every_s,
+                keep,
+                resume,
+                max_failed,
+                (name or buffer_id) if metrics else None,
             )
             ray.get(coordinator.counters.remote())  # started (and resumed) before the first write
         handle = cls(
@@ -406,8 +420,46 @@ class RemoteBuffer:
         return {kind: sum(g[kind] for g in got) for kind in ("mapped", "payload")}
 
     # ------------------------------------------------------------------ reads
-    def stats(self) -> list[tuple[int, float]]:
-        """``(rows, mass)`` of each shard."""
+    def stats(self) -> BufferStats:
+        """The buffer's numbers, per shard and in all (see :class:`.observe.BufferStats`): rows, inserts and
+        rows sampled with their rates since this handle's previous call, lost and pending rows, restarts, the
+        limiter's counters and blocked time, the last cut's age, this handle's sample traffic and its view of
+        the shards' health. Waits for every shard (a shard restarting: until it is back).
+
+        Raises:
+            BufferUnavailable: see :meth:`retry`.
+        """
+        shards: list[ShardStats] = list(self.retry("stats", lambda: [s.usage.remote() for s in self.shards]))
+        limiter: LimiterStats | None = None
+        cuts: dict[str, Any] = {}
+        if self.coordinator is not None:
+            limiter = self.retry("stats", lambda: self.coordinator.usage.remote())
+            cuts = dict(self.retry("stats", lambda: self.coordinator.cut_status.remote()))
+        inserts = sum(s["inserts"] for s in shards)
+        samples = sum(s["sampled_rows"] for s in shards)
+        lost = sum(s["lost_rows"] for s in shards)
+        now = time.monotonic()
+        since, last_inserts, last_samples = self._stats_at
+        elapsed = max(now - since, 1e-9)
+        self._stats_at = (now, inserts, samples)
+        return {
+            "shards": shards,
+            "rows": sum(s["rows"] for s in shards),
+            "inserts": inserts,
+            "inserts_per_s": max(0, inserts - last_inserts) / elapsed,
+            "samples": samples,
+            "samples_per_s": max(0, samples - last_samples) / elapsed,
+            "lost_rows": lost,
+            "restarted_shards": sum(1 for s in shards if s["restarted"]),
+            "pending_rows": None if limiter is None else max(0, limiter["inserts"] - inserts - lost),
+            "limiter": limiter,
+            "last_cut_age_s": cuts.get("last_cut_age_s"),
+            "traffic": dataclasses.asdict(self.sampler.traffic),
+            "health": dict(self.health.snapshot()),
+        }
+
+    def masses(self) -> list[tuple[int, float]]:
+        """``(rows, mass)`` of each shard (mass: a prioritized shard's priority mass, else its rows)."""
         got = self.retry("stats", lambda: [s.stats.remote() for s in self.shards])
         return [(rows, mass) for rows, mass, _ in got]
 
@@ -418,7 +470,7 @@ class RemoteBuffer:
         return sum(lost for _, _, lost in got)
 
     def __len__(self) -> int:
-        return sum(rows for rows, _ in self.stats())
+        return sum(rows for rows, _ in self.masses())
 
     def submit_sample(self, batch_size: int, timeout: float | None = None) -> Draw:
         """Start one :meth:`sample_batch` (see :meth:`finish_sample`): its admission is asked, and the live

@@ -47,6 +47,7 @@ from objectrl_buffer.distributed.cut import (
     read_manifest,
     shard_path,
 )
+from objectrl_buffer.distributed.observe import MetricsThread, ShardStats
 from objectrl_buffer.errors import BufferUnavailable, CheckpointError, InvalidArgumentError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.storage.folders import PREFIX
@@ -290,6 +291,7 @@ class Shard:
         resume: load the manifest's generation even on a first start (a restart always does).
         buffer_id: the remote buffer's id: a :class:`SharedRows` batch is taken only from a folder named by
             :func:`writer_prefix` for this buffer and its writer.
+        metrics: export this shard's numbers as Ray gauges (see :mod:`.observe`; also after a restart).
     """
 
     def __init__(
@@ -301,6 +303,7 @@ class Shard:
         checkpoint_root: str | None = None,
         resume: bool = False,
         buffer_id: str = "",
+        metrics: bool = False,
     ) -> None:
         self.buffer = buffer_cls(*args, **kwargs)
         self.buffer_id = buffer_id
@@ -316,6 +319,8 @@ class Shard:
         self.mapped: dict[str, dict[tuple[str, int], tuple[Any, dict[str, np.ndarray]]]] = {}
         self.arrived = {"mapped": 0, "payload": 0}  # batches stored, by how their rows came
         self.refused: dict[str, int] = {}  # writer -> seq of its batch whose files were not found here
+        self.sampled_rows = 0  # rows this actor's draws shipped (see usage())
+        self.metrics: MetricsThread | None = None  # Ray gauges, once start_metrics() was called
         if checkpoint_root is not None:
             import ray
 
@@ -325,6 +330,8 @@ class Shard:
                 self._reload()
             # a first start without resume begins empty: an older run's journal says nothing about it
             self.journal = open(journal_path(checkpoint_root, index), "a" if reload else "w", buffering=1)  # noqa: SIM115
+        if metrics:
+            self.start_metrics()
 
     @property
     def lost(self) -> int:
@@ -482,6 +489,37 @@ class Shard:
         now, and admitted samples counted here: what a restarted coordinator rebuilds its limiter from."""
         return self.state.written, len(self.buffer), self.state.sampled
 
+    def usage(self) -> ShardStats:
+        """This shard's numbers for :meth:`RemoteBuffer.stats <.remote.RemoteBuffer.stats>` (see
+        :mod:`.observe`): ``restarted`` says whether this actor is a restart of the first (Ray's
+        ``was_current_actor_reconstructed``); ``sampled_rows`` counts this actor's draws only."""
+        import ray
+
+        context = ray.get_runtime_context()
+        return {
+            "shard": self.index,
+            "node_id": str(context.get_node_id()),
+            "rows": len(self.buffer),
+            "inserts": self.state.written,
+            "sampled_rows": self.sampled_rows,
+            "lost_rows": self.lost,
+            "restarted": bool(context.was_current_actor_reconstructed),
+        }
+
+    def start_metrics(self) -> dict[str, float]:
+        """Export this shard's numbers as Ray gauges (see :mod:`.observe`) from now on; what was set."""
+        if self.metrics is None:
+            self.metrics = MetricsThread(self._metric_values, {"buffer": self.buffer_id, "shard": str(self.index)})
+        return dict(self.metrics.last)
+
+    def _metric_values(self) -> dict[str, float]:
+        return {
+            "objectrl_buffer_shard_rows": len(self.buffer),
+            "objectrl_buffer_shard_inserts": self.state.written,
+            "objectrl_buffer_shard_sampled_rows": self.sampled_rows,
+            "objectrl_buffer_shard_lost_rows": self.lost,
+        }
+
     def stats(self) -> tuple[int, float, int]:
         """``(rows, mass, lost)``: mass is the priority mass of a prioritized buffer, else the row count."""
         priorities = self.priorities
@@ -501,6 +539,7 @@ class Shard:
         if not mass > 0:
             return pack(0.0, {})
         batch = self.buffer.sample_batch(k)
+        self.sampled_rows += k
         items = plain_items(batch, 1)  # the TensorDict's own dict: ~20 us less than its items() walk
         if items is not None and all(type(value) is torch.Tensor for value in items.values()):
             out = {key: value.numpy() for key, value in items.items()}

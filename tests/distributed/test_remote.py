@@ -138,7 +138,7 @@ def test_priorities_across_shards(local_ray: None, tmp_path: Any) -> None:
     batch = remote.sample_batch(64)
     # row 0 (shard 0, slot 0) gets priority 38, the others keep 1: total mass 57, P(row 0) = 38 / 57
     assert remote.update_priority(torch.tensor([0, 100 + 5]), torch.tensor([38.0, 1.0])) == 2
-    stats = remote.stats()
+    stats = remote.masses()
     assert [mass for _, mass in stats] == [47.0, 10.0]
     hits = sum(int((remote.sample_batch(500)["index"] == 0).sum()) for _ in range(4))
     assert abs(hits / 2000 - 38 / 57) < 0.05
