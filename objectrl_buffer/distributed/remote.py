@@ -54,6 +54,7 @@ from objectrl_buffer.distributed.discovery import Registry, check_free, find, na
 from objectrl_buffer.distributed.draws import Draw, Sampler, get_all
 from objectrl_buffer.distributed.health import DEGRADED_KEY, SHARD_LOSS, ShardHealth
 from objectrl_buffer.distributed.observe import BufferStats, LimiterStats, ShardStats
+from objectrl_buffer.distributed.placement import coordinator_actor_options, place_shards
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
 from objectrl_buffer.distributed.shard import (
     GENERATION_KEY,
@@ -99,11 +100,14 @@ class RemoteBuffer:
         shard_timeout_s: float = 2.0,
         name: str | None = None,
         namespace: str | None = None,
+        placement_group: Any = None,
     ) -> None:
         self.shards, self.capacity, self.beta = shards, capacity, beta
         #: the buffer's name and namespace (``None``: unnamed; see :mod:`.discovery`)
         self.name, self.namespace = name, namespace
         self.registry: Any = None  # a named buffer's registry actor (see :mod:`.discovery`)
+        #: the placement group the buffer made for its shards (``None``: none; see :mod:`.placement`)
+        self.placement_group = placement_group
         #: (when, inserts, samples) at the last stats() call: its rates are since then
         self._stats_at = (time.monotonic(), 0, 0)
         #: the shards this handle finds down, and its degraded mode's counters (see :mod:`.health`)
@@ -146,6 +150,7 @@ class RemoteBuffer:
         retry_timeout_s: float = 30.0,
         actor_options: Mapping[str, Any] | None = None,
         coordinator_options: Mapping[str, Any] | None = None,
+        placement: Any = None,
         max_failed_cuts: int = 3,
         shard_loss: Literal["degrade", "wait"] = "degrade",
         shard_timeout_s: float = 2.0,
@@ -167,8 +172,12 @@ class RemoteBuffer:
             retry_timeout_s: how long a call retries a dead shard before
                 :class:`~objectrl_buffer.errors.BufferUnavailable`.
             actor_options: Ray options of the shard actors (default ``{"num_cpus": 0}``).
-            coordinator_options: Ray options of the coordinator actor, added to ``{"num_cpus": 0}`` (e.g.
-                ``resources`` or a ``scheduling_strategy`` to keep it off the writers' nodes).
+            coordinator_options: Ray options of the coordinator actor (default: ``num_cpus=0`` on this driver's
+                node; e.g. ``resources`` or a ``scheduling_strategy`` to keep it off the writers' nodes; see
+                :mod:`.placement`).
+            placement: where the shards run: ``None`` (Ray's scheduler), ``"spread"``, ``"strict_spread"``,
+                ``"pack"`` (a placement group the buffer makes, removed by :meth:`kill`), a list of node ids (one
+                per shard) or a Ray ``PlacementGroup`` of yours (see :mod:`.placement`).
             max_failed_cuts: after this many checkpoint cuts failed in a row, writes and samples raise
                 :class:`~objectrl_buffer.errors.CheckpointError` until a cut succeeds (each failure is also
                 counted in :meth:`checkpoint_status` and warned about in the driver).
@@ -203,25 +212,22 @@ class RemoteBuffer:
         root = None if checkpoint_path is None else str(checkpoint_path)
         options = dict(actor_options or {"num_cpus": 0})
         options.setdefault("max_restarts", max_restarts)
+        coord_options = coordinator_actor_options(coordinator_options, max_restarts)
+        placed = place_shards(placement, n, options)
         actor = ray.remote(Shard)
         seed = kwargs.pop("seed", None)
         buffer_id = uuid.uuid4().hex[:16]  # names the writers' folders a shard accepts (see Shard._map)
         shards = []
         for i in range(n):
             shard_kwargs = dict(kwargs, seed=None if seed is None else seed + i)
-            named = actor.options(**options, **named_options(name, namespace, detached, f"shard-{i}"))
+            named = actor.options(**placed.options[i], **named_options(name, namespace, detached, f"shard-{i}"))
             shards.append(named.remote(buffer_cls, args, shard_kwargs, i, root, resume, buffer_id, bool(metrics)))
         capacity, num_envs = ray.get([shards[0].get.remote("buffer_size"), shards[0].get.remote("num_envs")])
         beta = ray.get(shards[0].get.remote("beta")) if hasattr(buffer_cls, "update_priority") else None
         coordinator = None
         if rate_limiter is not None or root is not None:
             # an async actor: a waiting admission is a coroutine, not a thread (see .coordinator)
-            coord_options = {
-                "num_cpus": 0,
-                "max_restarts": max_restarts,
-                **(coordinator_options or {}),
-                **named_options(name, namespace, detached, "coordinator"),
-            }
+            coord_options.update(named_options(name, namespace, detached, "coordinator"))
             coord = ray.remote(Coordinator).options(**coord_options, max_concurrency=100_000)
             coordinator = coord.remote(
                 shards,
@@ -250,6 +256,7 @@ class RemoteBuffer:
             shard_timeout_s=shard_timeout,
             name=name,
             namespace=namespace,
+            placement_group=placed.group,
         )
         if name is not None:  # kept by the handle: an actor that no handle holds goes, named or not (unless detached)
             registry = ray.remote(Registry).options(num_cpus=0, **named_options(name, namespace, detached, None))
@@ -282,6 +289,7 @@ class RemoteBuffer:
             "shard_timeout_s": self.health.shard_timeout_s,
             "name": self.name,
             "namespace": self.namespace,
+            "placement_group": self.placement_group,
         }
         return (_rebuild, (self.shards, self.capacity, self.beta, settings))
 
@@ -765,6 +773,10 @@ class RemoteBuffer:
                 actors.append(ray.get_actor(self.name, namespace=self.namespace))
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
 
 
 def _age(seconds: float | None) -> str:
