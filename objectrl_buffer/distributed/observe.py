@@ -6,17 +6,14 @@ shows them) are gauges tagged ``buffer`` (the buffer's id, or its name when it h
 ``shard``. The shards and the coordinator set them from a thread of their own once a second (nothing on the
 write or sample path):
 
-=================================================  ======================================================
-gauge                                              value
-=================================================  ======================================================
-``objectrl_buffer_shard_rows``                     rows the shard holds
-``objectrl_buffer_shard_inserts``                  rows it ever wrote (a restart reloads its cut's count)
-``objectrl_buffer_shard_sampled_rows``             rows its draws shipped
-``objectrl_buffer_shard_lost_rows``                rows its restarts dropped (see ``lost_rows``)
-``objectrl_buffer_limiter_inserts`` / ``_samples``  the limiter's counters (the coordinator)
-``objectrl_buffer_limiter_insert_blocked_seconds``  seconds writes waited for the limiter, in all
-``objectrl_buffer_limiter_sample_blocked_seconds``  seconds samples waited for the limiter, in all
-=================================================  ======================================================
+- ``objectrl_buffer_shard_rows``: rows the shard holds;
+- ``objectrl_buffer_shard_inserts``: rows it ever wrote (a restart reloads its cut's count);
+- ``objectrl_buffer_shard_sampled_rows``: rows its draws shipped;
+- ``objectrl_buffer_shard_lost_rows``: rows its restarts dropped (see ``lost_rows``);
+- ``objectrl_buffer_limiter_inserts``, ``objectrl_buffer_limiter_samples``: the limiter's counters (the
+  coordinator);
+- ``objectrl_buffer_limiter_insert_blocked_seconds``, ``objectrl_buffer_limiter_sample_blocked_seconds``:
+  seconds writes and samples waited for the limiter, in all.
 """
 
 from __future__ import annotations

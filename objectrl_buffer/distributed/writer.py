@@ -390,7 +390,10 @@ class Writer:
         if _ray().wait([ref], timeout=health.shard_timeout_s)[0]:
             return False
         health.mark_down(shard, f"a writer batch unanswered within shard_timeout_s={health.shard_timeout_s:g}")
-        self.parked.append(self.in_flight.popleft())
+        # every batch of that shard is set aside, in order: a later one sent again (after the restart) before
+        # an earlier one would make the shard take the earlier for a retry of an applied write and drop it
+        self.parked.extend(entry for entry in self.in_flight if entry[1] == shard)
+        self.in_flight = deque(entry for entry in self.in_flight if entry[1] != shard)
         if len(self.parked) > self.max_in_flight * len(shards):
             self._settle_parked(self.parked[0][1])
         return True

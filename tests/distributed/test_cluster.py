@@ -252,8 +252,8 @@ def test_several_node_losses_in_one_run(cluster: Any, tmp_path: Path) -> None:
                 node_id = ray.get(remote.coordinator.node_id.remote())
                 slot = "coord_slot"
             else:
-                node_id, slot = remote.node_ids()[int(victim[-1])], "shard_slot"
-                remote._nodes = None  # it moves
+                node_id = ray.get(remote.shards[int(victim[-1])].node_id.remote())  # it moves: asked anew
+                slot = "shard_slot"
             cluster.remove_node(node_of(cluster, node_id), allow_graceful=False)
             cluster.add_node(num_cpus=0, resources={slot: 1})
             wait_until(lambda: not remote.health.down and len(remote) > 0, 90, f"{victim} back")
