@@ -50,6 +50,8 @@ from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.distributed.admission import Asked, admit
 from objectrl_buffer.distributed.coordinator import Coordinator
 from objectrl_buffer.distributed.draws import Draw, Sampler, get_all
+from objectrl_buffer.distributed.location import Location
+from objectrl_buffer.distributed.location import check as check_location
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
 from objectrl_buffer.distributed.shard import (
     GENERATION_KEY,
@@ -135,7 +137,11 @@ class RemoteBuffer:
         """Start ``num_shards`` actors holding ``buffer_cls(*args, **kwargs)`` each (``seed`` differs per shard).
 
         Args:
-            checkpoint_path: a folder for checkpoint cuts (:meth:`checkpoint`; restarted shards reload the last).
+            checkpoint_path: where checkpoint cuts go (:meth:`checkpoint`; restarted shards reload the last): a
+                local folder (one node, or a file system every node mounts), ``file://...``, or a URI of shared
+                or object storage fsspec opens (``s3://...``, ...; see :mod:`.location`). At launch every shard
+                and the coordinator must write and read it (else :class:`~objectrl_buffer.errors.CheckpointError`
+                and nothing stays started).
             checkpoint_every_s: take a cut this often (needs ``checkpoint_path``).
             keep_last: generations kept on disk (>= 1).
             rate_limiter: one limiter for all shards (:mod:`objectrl_buffer.flow`); its counters join the cuts.
@@ -150,6 +156,8 @@ class RemoteBuffer:
 
         Raises:
             ImportError: Ray is not installed. InvalidArgumentError: a bad argument, named.
+            CheckpointError: ``checkpoint_path`` cannot be opened, or is not one location every actor sees (the
+                message names it and which shard or coordinator, on which node, could not see it).
         """
         ray = _ray()
         n = positive_int(num_shards, "num_shards")
@@ -164,7 +172,7 @@ class RemoteBuffer:
             raise InvalidArgumentError("resume needs a checkpoint_path")
         if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
             raise InvalidArgumentError(f"rate_limiter must be a RateLimiter, got {type(rate_limiter).__name__}")
-        root = None if checkpoint_path is None else str(checkpoint_path)
+        root = None if checkpoint_path is None else Location(str(checkpoint_path))
         options = dict(actor_options or {"num_cpus": 0})
         options.setdefault("max_restarts", max_restarts)
         actor = ray.remote(Shard).options(**options)
@@ -183,7 +191,14 @@ class RemoteBuffer:
             coordinator = coord.remote(
                 shards, rate_limiter, int(capacity), root, checkpoint_every_s, keep, resume, max_failed
             )
-            ray.get(coordinator.counters.remote())  # started (and resumed) before the first write
+            try:
+                if root is not None:
+                    check_location(root.uri, coordinator, shards)
+                ray.get(coordinator.counters.remote())  # started (and resumed) before the first write
+            except BaseException:
+                for started in [*shards, coordinator]:
+                    ray.kill(started, no_restart=True)
+                raise
         return cls(
             shards,
             int(capacity),

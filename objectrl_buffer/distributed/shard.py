@@ -42,11 +42,12 @@ from objectrl_buffer.core.keys import GENERATION_KEY, INDEX_KEY
 from objectrl_buffer.distributed.cut import (
     JournalLine,
     journal_line,
-    journal_path,
+    journal_name,
     read_journal,
     read_manifest,
-    shard_path,
+    shard_name,
 )
+from objectrl_buffer.distributed.location import Journal, Location, as_location, probe
 from objectrl_buffer.errors import BufferUnavailable, CheckpointError, InvalidArgumentError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.storage.folders import PREFIX
@@ -286,7 +287,8 @@ class Shard:
 
     Args:
         index: this shard's number (names its checkpoint files).
-        checkpoint_root: the remote buffer's ``checkpoint_path`` (``None``: no checkpoints, nothing to reload).
+        checkpoint_root: the remote buffer's ``checkpoint_path``, a local path or URI (:mod:`.location`; ``None``:
+            no checkpoints, nothing to reload).
         resume: load the manifest's generation even on a first start (a restart always does).
         buffer_id: the remote buffer's id: a :class:`SharedRows` batch is taken only from a folder named by
             :func:`writer_prefix` for this buffer and its writer.
@@ -298,7 +300,7 @@ class Shard:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         index: int = 0,
-        checkpoint_root: str | None = None,
+        checkpoint_root: Location | str | None = None,
         resume: bool = False,
         buffer_id: str = "",
     ) -> None:
@@ -309,22 +311,23 @@ class Shard:
         self.state = ShardState(self.capacity)
         self.buffer.checkpoint_extras.append(self.state)
         self.priorities = _priorities(self.buffer)  # restored in place by load(): found once
-        self.index, self.root = index, checkpoint_root
+        self.index = index
+        self.root = None if checkpoint_root is None else as_location(checkpoint_root)
         self.saved_written: dict[int, int] = {}  # generation -> rows written when this shard saved it
-        self.journal: Any = None
+        self.journal: Journal | None = None
         #: writer id -> ``(folder, set index)`` -> ``(capacity, layout)`` and its mapped columns
         self.mapped: dict[str, dict[tuple[str, int], tuple[Any, dict[str, np.ndarray]]]] = {}
         self.arrived = {"mapped": 0, "payload": 0}  # batches stored, by how their rows came
         self.refused: dict[str, int] = {}  # writer -> seq of its batch whose files were not found here
-        if checkpoint_root is not None:
+        if self.root is not None:
             import ray
 
-            os.makedirs(checkpoint_root, exist_ok=True)
+            self.root.makedirs()
             reload = resume or ray.get_runtime_context().was_current_actor_reconstructed
             if reload:
                 self._reload()
             # a first start without resume begins empty: an older run's journal says nothing about it
-            self.journal = open(journal_path(checkpoint_root, index), "a" if reload else "w", buffering=1)  # noqa: SIM115
+            self.journal = Journal(self.root, journal_name(index), fresh=not reload)
 
     @property
     def lost(self) -> int:
@@ -338,7 +341,8 @@ class Shard:
         assert self.root is not None
         manifest = read_manifest(self.root)
         if manifest is not None:
-            self.buffer.load(shard_path(self.root, manifest["generation"], self.index), progress=False)
+            with self.root.loading(shard_name(manifest["generation"], self.index)) as path:
+                self.buffer.load(path, progress=False)
         state = self.state
         saved, newest = state.epoch, state.epoch
         for line in read_journal(self.root, self.index):
@@ -471,6 +475,11 @@ class Shard:
         node may have a ``/dev/shm`` of its own."""
         return os.path.isdir(folder)
 
+    def probe(self, write: tuple[str, str] | None, read: dict[str, str]) -> tuple[str, list[str]]:
+        """One step of the launch check at the checkpoint location (:func:`.location.probe`): this shard's node
+        and what went wrong."""
+        return self.node_id(), ["has no checkpoint location"] if self.root is None else probe(self.root, write, read)
+
     def transports(self) -> dict[str, int]:
         """Batches stored since this actor started, by how their rows came: ``mapped`` (from a same-node
         writer's files) or ``payload`` (through Ray)."""
@@ -526,7 +535,8 @@ class Shard:
     def checkpoint(self, generation: int) -> int:
         """Save this shard into ``generation``'s folder (durable when this returns); rows held."""
         assert self.root is not None
-        self.buffer.save(shard_path(self.root, generation, self.index), data=True, progress=False)
+        with self.root.saving(shard_name(generation, self.index)) as path:
+            self.buffer.save(path, data=True, progress=False)
         self.saved_written[generation] = self.state.written
         return len(self.buffer)
 
@@ -539,16 +549,14 @@ class Shard:
         assert self.root is not None and self.journal is not None
         covered = self.saved_written.get(generation)
         self.saved_written = {g: w for g, w in self.saved_written.items() if g > generation}
-        path = journal_path(self.root, self.index)
+        name = journal_name(self.index)
         self.journal.close()
         epoch = self.state.epoch
         lines = read_journal(self.root, self.index)
         if covered is not None:
             lines = [line for line in lines if line.epoch == epoch and line.written > covered]
-        with open(path + ".tmp", "w") as f:
-            f.writelines(journal_line(line) for line in lines)
-        os.replace(path + ".tmp", path)
-        self.journal = open(path, "a", buffering=1)  # noqa: SIM115
+        self.root.write_bytes(name, "".join(journal_line(line) for line in lines).encode(), durable=False)
+        self.journal = Journal(self.root, name, fresh=False)
 
     def close(self) -> None:
         """Free the buffer's storage (its folder and files go) and close the journal: the actor is about to be
