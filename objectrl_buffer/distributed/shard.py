@@ -28,6 +28,7 @@ import json
 import math
 import os
 import struct
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ from objectrl_buffer.distributed.cut import (
     shard_name,
 )
 from objectrl_buffer.distributed.location import Journal, Location, as_location, probe
+from objectrl_buffer.distributed.mapped import check_folder, map_column
 from objectrl_buffer.errors import BufferUnavailable, CheckpointError, InvalidArgumentError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.storage.folders import PREFIX
@@ -192,7 +194,13 @@ class SharedRows:
 
 
 def _from_numpy(data: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in data.items()}
+    """Tensors over ``data``'s arrays. Read-only ones (a writer's mapped files) are only read (the storage
+    copies them): torch's warning about them is silenced."""
+    if all(v.flags.writeable for v in data.values() if isinstance(v, np.ndarray)):
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in data.items()}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in data.items()}
 
 
 def _priorities(buffer: Any) -> Any:
@@ -422,21 +430,16 @@ class Shard:
     def _map(self, rows: SharedRows, writer: str) -> dict[str, np.ndarray]:
         """Views of the first ``rows.rows`` rows of a writer's column set, its files mapped on first use.
 
-        The folder must be the writer's own (its name starts with :func:`writer_prefix` of this buffer and
-        writer; no link), and the files are mapped copy-on-write: the shard never writes to them.
+        The folder must be the writer's own and the files are mapped read-only (:mod:`.mapped`: no link, in
+        ``/dev/shm`` or the temp folder, named by :func:`writer_prefix` of this buffer and writer, this user's
+        and not writable by others): the shard never writes to them.
 
         Raises:
             BufferUnavailable: the files are gone (their writer closed) or are not on this shard's node.
-            InvalidArgumentError: the folder is not one this buffer's writer made (named in the message).
+            InvalidArgumentError: the folder or a file is not one this buffer's writer made (named, with why).
         """
-        folder = os.path.abspath(rows.folder)
-        if os.path.realpath(folder) != folder or not os.path.basename(folder).startswith(
-            writer_prefix(self.buffer_id, writer)
-        ):
-            raise InvalidArgumentError(
-                f"shard {self.index}: a shared-rows batch names folder {rows.folder!r}, not one of writer "
-                f"{writer!r}'s folders of this buffer ({writer_prefix(self.buffer_id, writer)}*): refused"
-            )
+        who = f"shard {self.index}"
+        check_folder(rows.folder, writer_prefix(self.buffer_id, writer), who)
         sets = self.mapped.get(writer)
         if sets is None:  # a new writer: a good moment to drop the mappings of writers whose files are gone
             self.mapped = {w: m for w, m in self.mapped.items() if all(os.path.isdir(f) for f, _ in m)}
@@ -446,17 +449,13 @@ class Shard:
         if got is None or got[0] != shape:
             try:
                 columns = {
-                    key: np.asarray(
-                        np.memmap(
-                            column_path(rows.folder, rows.index, j), np.dtype(dtype), "c", 0, (rows.capacity, *per)
-                        )
+                    key: map_column(
+                        column_path(rows.folder, rows.index, j), np.dtype(dtype), (rows.capacity, *per), who
                     )
                     for j, (key, dtype, per) in enumerate(rows.layout)
                 }
-            except (OSError, ValueError) as exc:
-                raise BufferUnavailable(
-                    f"shard {self.index}: the rows of writer {writer}'s batch are not here ({exc})"
-                ) from None
+            except (TypeError, ValueError) as exc:  # a layout that is not one
+                raise InvalidArgumentError(f"{who}: a shared-rows batch of a bad layout ({exc}); refused") from None
             got = sets[(rows.folder, rows.index)] = (shape, columns)
         return {key: column[: rows.rows] for key, column in got[1].items()}
 
