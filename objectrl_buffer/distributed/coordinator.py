@@ -44,12 +44,12 @@ import asyncio
 import contextlib
 import copy
 import logging
-import os
 import threading
 import time
 from typing import Any
 
-from objectrl_buffer.distributed.cut import generation_folder, prune, read_manifest, write_manifest
+from objectrl_buffer.distributed.cut import generation_name, prune, read_manifest, write_manifest
+from objectrl_buffer.distributed.location import Location, as_location, probe
 from objectrl_buffer.distributed.observe import LimiterStats, MetricsThread
 from objectrl_buffer.errors import CheckpointError, RateLimitDeadlock, RateLimitTimeout, ReplayBufferError
 from objectrl_buffer.flow.limiter import RateLimiter
@@ -84,7 +84,7 @@ class Coordinator:
         shards: list[Any],
         limiter: RateLimiter | None,
         capacity: int,
-        root: str | None = None,
+        root: Location | str | None = None,
         every_s: float | None = None,
         keep_last: int = 2,
         resume: bool = False,
@@ -93,7 +93,8 @@ class Coordinator:
     ) -> None:
         import ray
 
-        self.shards, self.capacity, self.root, self.keep_last = shards, capacity, root, keep_last
+        self.shards, self.capacity, self.keep_last = shards, capacity, keep_last
+        self.root = None if root is None else as_location(root)
         self.limiter = copy.copy(limiter)
         if self.limiter is not None:
             self.limiter.deadlock_after_s = None  # see the module docs
@@ -110,11 +111,11 @@ class Coordinator:
         self.blocked = {"insert": 0.0, "sample": 0.0}  # seconds admissions waited for the limiter, in all
         self.last_good: float | None = None  # wall time of the last good cut (the manifest's, after a restart)
         self.last_error: str | None = None
-        if root is not None:
-            os.makedirs(root, exist_ok=True)
+        if self.root is not None:
+            self.root.makedirs()
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        if root is not None:
-            manifest = read_manifest(root)
+        if self.root is not None:
+            manifest = read_manifest(self.root)
             if manifest is not None and (resume or restarted):
                 self._adopt(manifest)
         if resume or restarted:
@@ -163,6 +164,16 @@ class Coordinator:
             f"remote buffer: the last {self.failing} checkpoint cuts failed ({self.last_error}); last good cut: "
             f"{_age(self.last_good)}. Writes and samples are refused until a cut succeeds (handle.checkpoint())"
         )
+
+    async def probe(
+        self, write: tuple[str, str] | None, read: dict[str, str], cleanup: tuple[str, ...] = ()
+    ) -> tuple[str, list[str]]:
+        """One step of the launch check at the checkpoint location (:func:`.location.probe`): this actor's
+        node and what went wrong."""
+        import ray
+
+        node = str(ray.get_runtime_context().get_node_id())
+        return node, ["has no checkpoint location"] if self.root is None else probe(self.root, write, read, cleanup)
 
     async def cut_status(self) -> dict[str, Any]:
         """``failed_cuts`` (ever, this actor), ``failing`` (in a row), ``last_cut_age_s`` (seconds since the last
@@ -312,7 +323,7 @@ class Coordinator:
         """The cut itself, admissions paused: every shard saves, then the manifest, then the shards' commits."""
         assert self.root is not None
         generation = self.generation + 1
-        os.makedirs(generation_folder(self.root, generation), exist_ok=True)
+        self.root.makedirs(generation_name(generation))
         limiter = self.limiter.state()[1] if self.limiter is not None else {}
         rows = list(await asyncio.gather(*[shard.checkpoint.remote(generation) for shard in self.shards]))
         kept = [*self.kept, generation][-self.keep_last :]

@@ -13,29 +13,32 @@
   restart ``written`` counts again from the reloaded checkpoint's, so the lines of two lifetimes are told
   apart by it (a line of 4 fields, from an older version, is of epoch 0).
 
-Loading reads JSON only (nothing is unpickled).
+Loading reads JSON only (nothing is unpickled). ``root`` is a :class:`~.location.Location` (or a local path or
+URI, opened as one): the files above are read and written through it, on a local disk or on shared or object
+storage alike (the manifest with one atomic replace or one PUT, see :mod:`.location`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, NamedTuple
 
-from objectrl_buffer.checkpoint.io import atomic_write, read_small_file
+from objectrl_buffer.distributed.location import Location, as_location
 from objectrl_buffer.errors import CheckpointError
 
 __all__ = [
     "MANIFEST",
     "JournalLine",
     "generation_folder",
+    "generation_name",
     "journal_line",
+    "journal_name",
     "journal_path",
     "prune",
     "read_journal",
     "read_manifest",
+    "shard_name",
     "shard_path",
     "write_manifest",
 ]
@@ -45,19 +48,34 @@ _FOLDER = re.compile(r"gen-(\d{12})")
 _LIMIT = 1 << 20
 
 
-def generation_folder(root: str, generation: int) -> str:
+def generation_name(generation: int) -> str:
+    """The folder of checkpoint generation ``generation``, relative to the root."""
+    return f"gen-{generation:012d}"
+
+
+def shard_name(generation: int, shard: int) -> str:
+    """The ``save`` path of shard ``shard`` in generation ``generation``, relative to the root."""
+    return f"{generation_name(generation)}/shard-{shard}"
+
+
+def journal_name(shard: int) -> str:
+    """The write journal of shard ``shard``, relative to the root."""
+    return f"shard-{shard}.journal"
+
+
+def generation_folder(root: Location | str, generation: int) -> str:
     """The folder of checkpoint generation ``generation`` under ``root``."""
-    return os.path.join(root, f"gen-{generation:012d}")
+    return as_location(root).path(generation_name(generation))
 
 
-def shard_path(root: str, generation: int, shard: int) -> str:
-    """The ``save`` path of shard ``shard`` in generation ``generation``."""
-    return os.path.join(generation_folder(root, generation), f"shard-{shard}")
+def shard_path(root: Location | str, generation: int, shard: int) -> str:
+    """The ``save`` path of shard ``shard`` in generation ``generation`` under ``root``."""
+    return as_location(root).path(shard_name(generation, shard))
 
 
-def journal_path(root: str, shard: int) -> str:
-    """The write journal of shard ``shard``."""
-    return os.path.join(root, f"shard-{shard}.journal")
+def journal_path(root: Location | str, shard: int) -> str:
+    """The write journal of shard ``shard`` under ``root``."""
+    return as_location(root).path(journal_name(shard))
 
 
 class JournalLine(NamedTuple):
@@ -76,19 +94,19 @@ def journal_line(line: JournalLine) -> str:
     return f"{line.writer} {line.seq} {line.rows} {line.written} {line.epoch}\n"
 
 
-def read_journal(root: str, shard: int) -> list[JournalLine]:
+def read_journal(root: Location | str, shard: int) -> list[JournalLine]:
     """The complete lines of shard ``shard``'s journal (a last line cut short by a crash is not one); none
     when there is no journal.
 
     Raises:
         CheckpointError: a line that is not a journal line (the message names the file and the line).
     """
-    path = journal_path(root, shard)
-    try:
-        with open(path) as f:
-            text = [line for line in f if line.endswith("\n")]
-    except FileNotFoundError:
+    location = as_location(root)
+    path = location.path(journal_name(shard))
+    payload = location.read_bytes(journal_name(shard), 1 << 30)
+    if payload is None:
         return []
+    text = [line for line in payload.decode(errors="replace").splitlines(keepends=True) if line.endswith("\n")]
     out = []
     for number, line in enumerate(text, 1):
         fields = line.split()
@@ -101,16 +119,16 @@ def read_journal(root: str, shard: int) -> list[JournalLine]:
     return out
 
 
-def read_manifest(root: str) -> dict[str, Any] | None:
+def read_manifest(root: Location | str) -> dict[str, Any] | None:
     """The manifest under ``root``, or ``None`` when there is none yet.
 
     Raises:
         CheckpointError: it is not a manifest of this format (the message names the file).
     """
-    path = os.path.join(root, MANIFEST)
-    try:
-        payload = read_small_file(path, _LIMIT)
-    except FileNotFoundError:
+    location = as_location(root)
+    path = location.path(MANIFEST)
+    payload = location.read_bytes(MANIFEST, _LIMIT)
+    if payload is None:
         return None
     try:
         manifest = json.loads(payload)
@@ -121,19 +139,15 @@ def read_manifest(root: str) -> dict[str, Any] | None:
         raise CheckpointError(f"'{path}' is not a remote-buffer manifest: {exc}") from None
 
 
-def write_manifest(root: str, manifest: dict[str, Any]) -> None:
+def write_manifest(root: Location | str, manifest: dict[str, Any]) -> None:
     """Atomically replace the manifest under ``root`` (the commit point of a generation)."""
-    body = json.dumps(dict(manifest, format=1), sort_keys=True).encode()
-
-    def write(f: BinaryIO) -> None:
-        f.write(body)
-
-    atomic_write(os.path.join(root, MANIFEST), write)
+    as_location(root).write_bytes(MANIFEST, json.dumps(dict(manifest, format=1), sort_keys=True).encode())
 
 
-def prune(root: str, keep: set[int]) -> None:
+def prune(root: Location | str, keep: set[int]) -> None:
     """Remove the generation folders under ``root`` not in ``keep`` (older ones, or a cut never committed)."""
-    for name in os.listdir(root):
+    location = as_location(root)
+    for name in location.listdir():
         match = _FOLDER.fullmatch(name)
         if match and int(match.group(1)) not in keep:
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            location.remove(name)

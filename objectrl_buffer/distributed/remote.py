@@ -53,6 +53,8 @@ from objectrl_buffer.distributed.coordinator import Coordinator
 from objectrl_buffer.distributed.discovery import Registry, check_free, find, named_options
 from objectrl_buffer.distributed.draws import Draw, Sampler, get_all
 from objectrl_buffer.distributed.health import DEGRADED_KEY, SHARD_LOSS, ShardHealth
+from objectrl_buffer.distributed.location import Location
+from objectrl_buffer.distributed.location import check as check_location
 from objectrl_buffer.distributed.observe import BufferStats, LimiterStats, ShardStats
 from objectrl_buffer.distributed.placement import coordinator_actor_options, place_shards
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
@@ -163,7 +165,11 @@ class RemoteBuffer:
         """Start ``num_shards`` actors holding ``buffer_cls(*args, **kwargs)`` each (``seed`` differs per shard).
 
         Args:
-            checkpoint_path: a folder for checkpoint cuts (:meth:`checkpoint`; restarted shards reload the last).
+            checkpoint_path: where checkpoint cuts go (:meth:`checkpoint`; restarted shards reload the last): a
+                local folder (one node, or a file system every node mounts), ``file://...``, or a URI of shared
+                or object storage fsspec opens (``s3://...``, ...; see :mod:`.location`). At launch every shard
+                and the coordinator must write and read it (else :class:`~objectrl_buffer.errors.CheckpointError`
+                and nothing stays started).
             checkpoint_every_s: take a cut this often (needs ``checkpoint_path``).
             keep_last: generations kept on disk (>= 1).
             rate_limiter: one limiter for all shards (:mod:`objectrl_buffer.flow`); its counters join the cuts.
@@ -191,6 +197,8 @@ class RemoteBuffer:
         Raises:
             ImportError: Ray is not installed. InvalidArgumentError: a bad argument, named; ``name`` in use in
                 ``namespace``; ``actor_options`` that name the actors.
+            CheckpointError: ``checkpoint_path`` cannot be opened, or is not one location every actor sees (the
+                message names it and which shard or coordinator, on which node, could not see it).
         """
         ray = _ray()
         check_free(name, namespace, actor_options, detached)
@@ -209,7 +217,7 @@ class RemoteBuffer:
             raise InvalidArgumentError("resume needs a checkpoint_path")
         if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
             raise InvalidArgumentError(f"rate_limiter must be a RateLimiter, got {type(rate_limiter).__name__}")
-        root = None if checkpoint_path is None else str(checkpoint_path)
+        root = None if checkpoint_path is None else Location(str(checkpoint_path))
         options = dict(actor_options or {"num_cpus": 0})
         options.setdefault("max_restarts", max_restarts)
         coord_options = coordinator_actor_options(coordinator_options, max_restarts)
@@ -240,7 +248,14 @@ class RemoteBuffer:
                 max_failed,
                 (name or buffer_id) if metrics else None,
             )
-            ray.get(coordinator.counters.remote())  # started (and resumed) before the first write
+            try:
+                if root is not None:
+                    check_location(root.uri, coordinator, shards)
+                ray.get(coordinator.counters.remote())  # started (and resumed) before the first write
+            except BaseException:
+                for started in [*shards, coordinator]:
+                    ray.kill(started, no_restart=True)
+                raise
         handle = cls(
             shards,
             int(capacity),

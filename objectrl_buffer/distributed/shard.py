@@ -28,6 +28,7 @@ import json
 import math
 import os
 import struct
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,11 +43,13 @@ from objectrl_buffer.core.keys import GENERATION_KEY, INDEX_KEY
 from objectrl_buffer.distributed.cut import (
     JournalLine,
     journal_line,
-    journal_path,
+    journal_name,
     read_journal,
     read_manifest,
-    shard_path,
+    shard_name,
 )
+from objectrl_buffer.distributed.location import Journal, Location, as_location, probe
+from objectrl_buffer.distributed.mapped import check_folder, map_column
 from objectrl_buffer.distributed.observe import MetricsThread, ShardStats
 from objectrl_buffer.errors import BufferUnavailable, CheckpointError, InvalidArgumentError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
@@ -192,7 +195,13 @@ class SharedRows:
 
 
 def _from_numpy(data: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in data.items()}
+    """Tensors over ``data``'s arrays. Read-only ones (a writer's mapped files) are only read (the storage
+    copies them): torch's warning about them is silenced."""
+    if all(v.flags.writeable for v in data.values() if isinstance(v, np.ndarray)):
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in data.items()}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in data.items()}
 
 
 def _priorities(buffer: Any) -> Any:
@@ -287,7 +296,8 @@ class Shard:
 
     Args:
         index: this shard's number (names its checkpoint files).
-        checkpoint_root: the remote buffer's ``checkpoint_path`` (``None``: no checkpoints, nothing to reload).
+        checkpoint_root: the remote buffer's ``checkpoint_path``, a local path or URI (:mod:`.location`; ``None``:
+            no checkpoints, nothing to reload).
         resume: load the manifest's generation even on a first start (a restart always does).
         buffer_id: the remote buffer's id: a :class:`SharedRows` batch is taken only from a folder named by
             :func:`writer_prefix` for this buffer and its writer.
@@ -300,7 +310,7 @@ class Shard:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         index: int = 0,
-        checkpoint_root: str | None = None,
+        checkpoint_root: Location | str | None = None,
         resume: bool = False,
         buffer_id: str = "",
         metrics: bool = False,
@@ -312,24 +322,25 @@ class Shard:
         self.state = ShardState(self.capacity)
         self.buffer.checkpoint_extras.append(self.state)
         self.priorities = _priorities(self.buffer)  # restored in place by load(): found once
-        self.index, self.root = index, checkpoint_root
+        self.index = index
+        self.root = None if checkpoint_root is None else as_location(checkpoint_root)
         self.saved_written: dict[int, int] = {}  # generation -> rows written when this shard saved it
-        self.journal: Any = None
+        self.journal: Journal | None = None
         #: writer id -> ``(folder, set index)`` -> ``(capacity, layout)`` and its mapped columns
         self.mapped: dict[str, dict[tuple[str, int], tuple[Any, dict[str, np.ndarray]]]] = {}
         self.arrived = {"mapped": 0, "payload": 0}  # batches stored, by how their rows came
         self.refused: dict[str, int] = {}  # writer -> seq of its batch whose files were not found here
         self.sampled_rows = 0  # rows this actor's draws shipped (see usage())
         self.metrics: MetricsThread | None = None  # Ray gauges, once start_metrics() was called
-        if checkpoint_root is not None:
+        if self.root is not None:
             import ray
 
-            os.makedirs(checkpoint_root, exist_ok=True)
+            self.root.makedirs()
             reload = resume or ray.get_runtime_context().was_current_actor_reconstructed
             if reload:
                 self._reload()
             # a first start without resume begins empty: an older run's journal says nothing about it
-            self.journal = open(journal_path(checkpoint_root, index), "a" if reload else "w", buffering=1)  # noqa: SIM115
+            self.journal = Journal(self.root, journal_name(index), fresh=not reload)
         if metrics:
             self.start_metrics()
 
@@ -345,7 +356,8 @@ class Shard:
         assert self.root is not None
         manifest = read_manifest(self.root)
         if manifest is not None:
-            self.buffer.load(shard_path(self.root, manifest["generation"], self.index), progress=False)
+            with self.root.loading(shard_name(manifest["generation"], self.index)) as path:
+                self.buffer.load(path, progress=False)
         state = self.state
         saved, newest = state.epoch, state.epoch
         for line in read_journal(self.root, self.index):
@@ -425,21 +437,16 @@ class Shard:
     def _map(self, rows: SharedRows, writer: str) -> dict[str, np.ndarray]:
         """Views of the first ``rows.rows`` rows of a writer's column set, its files mapped on first use.
 
-        The folder must be the writer's own (its name starts with :func:`writer_prefix` of this buffer and
-        writer; no link), and the files are mapped copy-on-write: the shard never writes to them.
+        The folder must be the writer's own and the files are mapped read-only (:mod:`.mapped`: no link, in
+        ``/dev/shm`` or the temp folder, named by :func:`writer_prefix` of this buffer and writer, this user's
+        and not writable by others): the shard never writes to them.
 
         Raises:
             BufferUnavailable: the files are gone (their writer closed) or are not on this shard's node.
-            InvalidArgumentError: the folder is not one this buffer's writer made (named in the message).
+            InvalidArgumentError: the folder or a file is not one this buffer's writer made (named, with why).
         """
-        folder = os.path.abspath(rows.folder)
-        if os.path.realpath(folder) != folder or not os.path.basename(folder).startswith(
-            writer_prefix(self.buffer_id, writer)
-        ):
-            raise InvalidArgumentError(
-                f"shard {self.index}: a shared-rows batch names folder {rows.folder!r}, not one of writer "
-                f"{writer!r}'s folders of this buffer ({writer_prefix(self.buffer_id, writer)}*): refused"
-            )
+        who = f"shard {self.index}"
+        check_folder(rows.folder, writer_prefix(self.buffer_id, writer), who)
         sets = self.mapped.get(writer)
         if sets is None:  # a new writer: a good moment to drop the mappings of writers whose files are gone
             self.mapped = {w: m for w, m in self.mapped.items() if all(os.path.isdir(f) for f, _ in m)}
@@ -449,17 +456,13 @@ class Shard:
         if got is None or got[0] != shape:
             try:
                 columns = {
-                    key: np.asarray(
-                        np.memmap(
-                            column_path(rows.folder, rows.index, j), np.dtype(dtype), "c", 0, (rows.capacity, *per)
-                        )
+                    key: map_column(
+                        column_path(rows.folder, rows.index, j), np.dtype(dtype), (rows.capacity, *per), who
                     )
                     for j, (key, dtype, per) in enumerate(rows.layout)
                 }
-            except (OSError, ValueError) as exc:
-                raise BufferUnavailable(
-                    f"shard {self.index}: the rows of writer {writer}'s batch are not here ({exc})"
-                ) from None
+            except (TypeError, ValueError) as exc:  # a layout that is not one
+                raise InvalidArgumentError(f"{who}: a shared-rows batch of a bad layout ({exc}); refused") from None
             got = sets[(rows.folder, rows.index)] = (shape, columns)
         return {key: column[: rows.rows] for key, column in got[1].items()}
 
@@ -477,6 +480,11 @@ class Shard:
         """Whether ``folder`` (a writer's) is visible here: a shard in a container of its own on the writer's
         node may have a ``/dev/shm`` of its own."""
         return os.path.isdir(folder)
+
+    def probe(self, write: tuple[str, str] | None, read: dict[str, str]) -> tuple[str, list[str]]:
+        """One step of the launch check at the checkpoint location (:func:`.location.probe`): this shard's node
+        and what went wrong."""
+        return self.node_id(), ["has no checkpoint location"] if self.root is None else probe(self.root, write, read)
 
     def transports(self) -> dict[str, int]:
         """Batches stored since this actor started, by how their rows came: ``mapped`` (from a same-node
@@ -565,7 +573,8 @@ class Shard:
     def checkpoint(self, generation: int) -> int:
         """Save this shard into ``generation``'s folder (durable when this returns); rows held."""
         assert self.root is not None
-        self.buffer.save(shard_path(self.root, generation, self.index), data=True, progress=False)
+        with self.root.saving(shard_name(generation, self.index)) as path:
+            self.buffer.save(path, data=True, progress=False)
         self.saved_written[generation] = self.state.written
         return len(self.buffer)
 
@@ -578,16 +587,14 @@ class Shard:
         assert self.root is not None and self.journal is not None
         covered = self.saved_written.get(generation)
         self.saved_written = {g: w for g, w in self.saved_written.items() if g > generation}
-        path = journal_path(self.root, self.index)
+        name = journal_name(self.index)
         self.journal.close()
         epoch = self.state.epoch
         lines = read_journal(self.root, self.index)
         if covered is not None:
             lines = [line for line in lines if line.epoch == epoch and line.written > covered]
-        with open(path + ".tmp", "w") as f:
-            f.writelines(journal_line(line) for line in lines)
-        os.replace(path + ".tmp", path)
-        self.journal = open(path, "a", buffering=1)  # noqa: SIM115
+        self.root.write_bytes(name, "".join(journal_line(line) for line in lines).encode(), durable=False)
+        self.journal = Journal(self.root, name, fresh=False)
 
     def close(self) -> None:
         """Free the buffer's storage (its folder and files go) and close the journal: the actor is about to be

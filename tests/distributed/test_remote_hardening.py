@@ -200,3 +200,87 @@ def test_lost_rows_add_up_over_eight_restarts(local_ray: None, tmp_path: Any) ->
     print(f"8 restarts: held {held} + lost {lost} == written {written}")
     assert lost > 0
     remote.kill()
+
+
+# ---------------------------------------------------------------- shared-rows descriptors (issue 23, Security)
+def shared_batch(folder: Any, n: int = 4) -> tuple[Any, tuple[Any, ...]]:
+    """A writer's column set 0 of ``n`` rows written into ``folder`` (made here, mode 0700); the layout."""
+    import numpy as np
+
+    from objectrl_buffer.distributed.shard import column_path
+
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    data = {k: v.numpy() for k, v in rows(0, n).items()}
+    for j, value in enumerate(data.values()):
+        np.memmap(column_path(str(folder), 0, j), value.dtype, "w+", 0, (n, *value.shape[1:]))[:] = value
+    return data, tuple((k, v.dtype.str, v.shape[1:]) for k, v in data.items())
+
+
+@pytest.fixture
+def writer_folders(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any]]:
+    """A shard of buffer ``b1`` and the temp folder its writers use (``tmp_path``)."""
+    import tempfile
+
+    from objectrl_buffer.distributed.shard import Shard
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    shard = Shard(ReplayBuffer, ("cpu", "cpu", 100), {"seed": 0, "storage_dir": str(tmp_path / "s")}, buffer_id="b1")
+    yield shard, tmp_path
+    shard.close()
+
+
+def refused(shard: Any, folder: Any, layout: Any, why: str) -> None:
+    from objectrl_buffer.distributed.shard import SharedRows
+    from objectrl_buffer.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match=why):
+        shard.add_batch(SharedRows(str(folder), 0, 4, 4, layout), "w", 0)
+    assert len(shard.buffer) == 0 and not shard.mapped.get("w")
+
+
+def test_a_descriptor_whose_column_files_are_links_is_refused(writer_folders: tuple[Any, Any]) -> None:
+    """A folder of the right name, this user's, mode 0700, whose column files are symbolic links to files
+    elsewhere (a secret, a file of another buffer): refused, nothing read. (Before: the links were followed.)"""
+    from objectrl_buffer.distributed.shard import column_path, writer_prefix
+
+    shard, tmp = writer_folders
+    _, layout = shared_batch(tmp / "victim")
+    folder = tmp / (writer_prefix("b1", "w") + "x")
+    os.mkdir(folder, 0o700)
+    for j in range(len(layout)):
+        os.symlink(column_path(str(tmp / "victim"), 0, j), column_path(str(folder), 0, j))
+    refused(shard, folder, layout, "symbolic link")
+
+
+def test_a_descriptor_of_a_folder_others_can_write_or_own_is_refused(writer_folders: tuple[Any, Any]) -> None:
+    """A folder of the right name that is world-writable, or owned by another user (as root: chown), or not
+    in a folder writers use: refused. (Before: the folder's name was all that was checked.)"""
+    from objectrl_buffer.distributed.shard import writer_prefix
+
+    shard, tmp = writer_folders
+    folder = tmp / (writer_prefix("b1", "w") + "open")
+    _, layout = shared_batch(folder)
+    os.chmod(folder, 0o777)
+    refused(shard, folder, layout, "world-writable")
+    if os.getuid() == 0:
+        folder = tmp / (writer_prefix("b1", "w") + "theirs")
+        shared_batch(folder)
+        os.chown(folder, 65534, 65534)
+        refused(shard, folder, layout, "owned by uid 65534")
+    deeper = tmp / "sub" / (writer_prefix("b1", "w") + "x")
+    shared_batch(deeper)
+    refused(shard, deeper, layout, "not in a folder writers use")
+
+
+def test_a_writers_own_folder_is_mapped_read_only(writer_folders: tuple[Any, Any]) -> None:
+    """The writer's own folder is accepted and its files are mapped read-only: the arrays the shard holds
+    cannot be written (before: copy-on-write, writable)."""
+    from objectrl_buffer.distributed.shard import SharedRows, writer_prefix
+
+    shard, tmp = writer_folders
+    folder = tmp / (writer_prefix("b1", "w") + "x")
+    data, layout = shared_batch(folder)
+    assert shard.add_batch(SharedRows(str(folder), 0, 4, 4, layout), "w", 0) == 4
+    assert shard.buffer.sample_all()["step"].tolist() == data["step"].tolist()
+    columns = shard.mapped["w"][(str(folder), 0)][1].values()
+    assert columns and not any(column.flags.writeable for column in columns)

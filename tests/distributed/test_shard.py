@@ -4,6 +4,7 @@ same-node writer's files."""
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -56,10 +57,11 @@ def test_unpack_refuses_bytes_that_do_not_match_their_header() -> None:
         unpack(packed[:-4])
 
 
-def test_shared_rows_are_stored_once_and_missing_files_refuse_until_resent(tmp_path: Any) -> None:
+def test_shared_rows_are_stored_once_and_missing_files_refuse_until_resent(tmp_path: Any, monkeypatch: Any) -> None:
     """A shard reads a same-node writer's batch from its files (no Ray needed): stored as the same rows sent
     as a payload would be, once per ``(writer, seq)``; a batch whose files it cannot find is refused
     (``MISSING``), and so is every later batch of that writer until the refused one comes again as rows."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # writers make their folders in the temp folder
     shard = Shard(ReplayBuffer, ("cpu", "cpu", 100), {"seed": 0, "storage_dir": str(tmp_path / "s")})
     folder = str(tmp_path / (writer_prefix("", "w") + "x"))  # the folder name a shard accepts from writer "w"
     os.mkdir(folder)
@@ -102,7 +104,7 @@ def test_a_writer_that_insists_on_shared_files_refuses_every_add_without_them(mo
     assert writer.folder is None
 
 
-def test_a_shard_maps_only_its_writers_folders_and_runs_only_listed_calls(tmp_path: Any) -> None:
+def test_a_shard_maps_only_its_writers_folders_and_runs_only_listed_calls(tmp_path: Any, monkeypatch: Any) -> None:
     """Security (issue 23): a shared-rows descriptor naming a folder that is not the writer's own (another
     name, or a link to one) is refused and nothing is stored; the files are never written by the shard; and
     ``call``/``get`` run only the listed read methods (no ``save``/``load`` to a caller's path)."""
@@ -110,6 +112,7 @@ def test_a_shard_maps_only_its_writers_folders_and_runs_only_listed_calls(tmp_pa
 
     from objectrl_buffer.errors import InvalidArgumentError
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # writers make their folders in the temp folder
     shard = Shard(ReplayBuffer, ("cpu", "cpu", 100), {"seed": 0, "storage_dir": str(tmp_path / "s")}, buffer_id="b1")
     data = {k: v.numpy() for k, v in rows(0, 4).items()}
     layout = tuple((k, v.dtype.str, v.shape[1:]) for k, v in data.items())
@@ -128,7 +131,9 @@ def test_a_shard_maps_only_its_writers_folders_and_runs_only_listed_calls(tmp_pa
     assert shard.add_batch(SharedRows(own, 0, 4, 4, layout), "w", 0) == 4
     before = [Path(column_path(own, 0, j)).read_bytes() for j in range(len(layout))]
     for column in shard.mapped["w"][(own, 0)][1].values():
-        column[:] = 0  # the shard's mapping is copy-on-write: the writer's files never change
+        assert not column.flags.writeable  # mapped read-only: the shard cannot write to the writer's files
+        with pytest.raises(ValueError, match="read-only"):
+            column[:] = 0
     assert [Path(column_path(own, 0, j)).read_bytes() for j in range(len(layout))] == before
     for name in ("save", "load", "add_batch", "reset"):
         with pytest.raises(InvalidArgumentError, match=name):
