@@ -120,6 +120,7 @@ class RemoteBuffer:
         self._cuts_asked = -math.inf  # when it was sent (time.monotonic())
         self._cuts: dict[str, Any] = {}  # the last cut status seen
         self._warned_failures = 0  # failed cuts already warned about
+        self._cuts_lock = threading.Lock()  # check_cuts() of threads sharing this handle
         self.coordinator, self.limited, self.num_envs = coordinator, limited, num_envs
         self.retry_timeout_s = retry_timeout_s
         self.generator = torch.Generator()
@@ -700,8 +701,9 @@ class RemoteBuffer:
         if self.coordinator is None:
             return {}
         status = dict(self.retry("checkpoint_status", lambda: self.coordinator.cut_status.remote()))
-        self._cuts_ref, self._cuts_asked = None, time.monotonic()
-        self._saw_cuts(status)
+        with self._cuts_lock:
+            self._cuts_ref, self._cuts_asked = None, time.monotonic()
+            self._saw_cuts(status)
         return status
 
     def check_cuts(self) -> None:
@@ -715,17 +717,19 @@ class RemoteBuffer:
         if self.coordinator is None:
             return
         ray = _ray()
-        if self._cuts_ref is not None and ray.wait([self._cuts_ref], timeout=0)[0]:
-            ref, self._cuts_ref = self._cuts_ref, None
-            try:
-                status = ray.get(ref)
-            except ray.exceptions.RayError:  # the coordinator is restarting: asked again later
-                status = None
-            if status is not None:
-                self._cuts = status
-        if self._cuts_ref is None and time.monotonic() - self._cuts_asked >= 1.0:
-            self._cuts_ref, self._cuts_asked = self.coordinator.cut_status.remote(), time.monotonic()
-        self._saw_cuts(self._cuts)
+        with self._cuts_lock:  # threads share a handle: one of them takes the answer, one asks again
+            ref = self._cuts_ref
+            if ref is not None and ray.wait([ref], timeout=0)[0]:
+                self._cuts_ref = None
+                try:
+                    status = ray.get(ref)
+                except ray.exceptions.RayError:  # the coordinator is restarting: asked again later
+                    status = None
+                if status is not None:
+                    self._cuts = status
+            if self._cuts_ref is None and time.monotonic() - self._cuts_asked >= 1.0:
+                self._cuts_ref, self._cuts_asked = self.coordinator.cut_status.remote(), time.monotonic()
+            self._saw_cuts(self._cuts)
 
     def _saw_cuts(self, status: dict[str, Any]) -> None:
         self._cuts = status

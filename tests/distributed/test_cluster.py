@@ -118,7 +118,9 @@ class Run:
         except BufferUnavailable:
             self.undelivered[w] = writer.undelivered
         except BaseException as exc:  # pragma: no cover - reported by the test
-            self.errors.append(exc)
+            import traceback
+
+            self.errors.append(RuntimeError("".join(traceback.format_exception(exc))))
 
     def _learn(self) -> None:
         while not self.stop.is_set():
