@@ -3,7 +3,6 @@ with Ray's placement groups and node affinity (see objectrl_buffer/distributed/p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +15,6 @@ from objectrl_buffer.flow import MinSize
 from tests.support import rows
 
 ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 def launch(tmp: Any, shards: int = 2, **kwargs: Any) -> RemoteBuffer:

@@ -34,13 +34,6 @@ from tests.support import one_row, rows
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def launch(cls: type, capacity: int, shards: int, tmp: Any, **kwargs: Any) -> RemoteBuffer:
     return RemoteBuffer.launch(cls, "cpu", "cpu", capacity, num_shards=shards, seed=0, storage_dir=str(tmp), **kwargs)
 

@@ -7,7 +7,6 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,17 +20,6 @@ from objectrl_buffer.storage.folders import PREFIX
 from tests.support import rows
 
 ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """The suite's local Ray (see test_remote.py), started here only when no earlier module left one running."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 def launch(capacity: int, shards: int, tmp: Any, **kwargs: Any) -> RemoteBuffer:

@@ -21,17 +21,6 @@ ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """The suite's local Ray (see test_remote.py), started here only when no earlier module left one running."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def two_shards(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteBuffer]:
     """One buffer of two shards for the thread tests (an actor start costs seconds): each test looks only at
     the rows it added (ids of its own)."""
