@@ -65,3 +65,12 @@ def test_bad_coordinator_options_are_refused(local_ray: None, tmp_path: Path) ->
         launch(tmp_path, coordinator_options=["num_cpus"], rate_limiter=MinSize(1))
     with pytest.raises(InvalidArgumentError, match="coordinator_options"):
         launch(tmp_path, coordinator_options={"name": "c"}, rate_limiter=MinSize(1))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"shard_loss": "ignore"}, "shard_loss must be one of"), ({"shard_timeout_s": 0}, "shard_timeout_s")],
+)
+def test_a_bad_shard_loss_or_shard_timeout_is_refused(local_ray: None, tmp_path: Path, kwargs: Any, match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        launch(tmp_path, **kwargs)
