@@ -240,7 +240,7 @@ def test_the_coordinators_node_lost_mid_writes(cluster: Any, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="three node losses, ~2 min: set RUN_SLOW=1")
+@pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="three node losses, ~30 s more: set RUN_SLOW=1")
 def test_several_node_losses_in_one_run(cluster: Any, tmp_path: Path) -> None:
     """Both shards' nodes and the coordinator's, one after the other, in one run of writers and a learner."""
     remote = launch(tmp_path)
