@@ -10,12 +10,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the package of this checkout, even where another copy is installed
 
-import objectrl_buffer  # noqa: E402
 from sphinx.ext.napoleon.docstring import GoogleDocstring  # noqa: E402
+
+import objectrl_buffer  # noqa: E402
 
 project = "objectrl_buffer"
 author = "objectrl_buffer contributors"
-copyright = "objectrl_buffer contributors"  # noqa: A001
+copyright = "objectrl_buffer contributors"
 release = version = objectrl_buffer.__version__
 
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
