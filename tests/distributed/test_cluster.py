@@ -130,7 +130,9 @@ class Run:
             except (RateLimitTimeout, BufferUnavailable) as exc:
                 self.calls.append((time.monotonic() - start, None, type(exc).__name__))
             except BaseException as exc:  # pragma: no cover - reported by the test
-                self.errors.append(exc)
+                import traceback
+
+                self.errors.append(RuntimeError("".join(traceback.format_exception(exc))))
                 return
             else:
                 self.calls.append((time.monotonic() - start, bool(batch[DEGRADED_KEY].any()), None))
@@ -141,7 +143,7 @@ class Run:
         for thread in self.threads:
             thread.join(timeout=120)
         assert not any(thread.is_alive() for thread in self.threads)
-        assert not self.errors, self.errors
+        assert not self.errors, "\n\n".join(str(error) for error in self.errors)  # whole tracebacks
 
 
 def node_of(c: Any, node_id: str) -> Any:
