@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TypedDict
 
-__all__ = ["BufferStats", "LimiterStats", "MetricsThread", "ShardStats"]
+__all__ = ["Rates", "BufferStats", "LimiterStats", "MetricsThread", "ShardStats"]
 
 
 class ShardStats(TypedDict):
@@ -70,6 +70,45 @@ class BufferStats(TypedDict):
     last_cut_age_s: float | None
     traffic: dict[str, int]
     health: dict[str, object]
+
+
+class Rates:
+    """Builds :class:`BufferStats` from the actors' numbers; its rates are over the time since its last call."""
+
+    def __init__(self) -> None:
+        self._last = (time.monotonic(), 0, 0)  # (when, inserts, samples) at the last call
+
+    def stats(
+        self,
+        shards: list[ShardStats],
+        limiter: LimiterStats | None,
+        last_cut_age_s: float | None,
+        traffic: dict[str, int],
+        health: dict[str, object],
+    ) -> BufferStats:
+        """The buffer's numbers from each shard's ``usage()``, the coordinator's (``None``: none) and the handle's."""
+        inserts = sum(s["inserts"] for s in shards)
+        samples = sum(s["sampled_rows"] for s in shards)
+        lost = sum(s["lost_rows"] for s in shards)
+        now = time.monotonic()
+        since, last_inserts, last_samples = self._last
+        elapsed = max(now - since, 1e-9)
+        self._last = (now, inserts, samples)
+        return {
+            "shards": shards,
+            "rows": sum(s["rows"] for s in shards),
+            "inserts": inserts,
+            "inserts_per_s": max(0, inserts - last_inserts) / elapsed,
+            "samples": samples,
+            "samples_per_s": max(0, samples - last_samples) / elapsed,
+            "lost_rows": lost,
+            "restarted_shards": sum(1 for s in shards if s["restarted"]),
+            "pending_rows": None if limiter is None else max(0, limiter["inserts"] - inserts - lost),
+            "limiter": limiter,
+            "last_cut_age_s": last_cut_age_s,
+            "traffic": traffic,
+            "health": health,
+        }
 
 
 class MetricsThread:

@@ -13,17 +13,7 @@ checkpoints are asked for, one :class:`~.coordinator.Coordinator` actor. Payload
   lock). A writer on a shard's own node keeps its columns in files of its own in ``/dev/shm`` and sends that shard
   only a small :class:`~.shard.SharedRows` descriptor: the shard copies the rows straight from its mapping of the
   files (no serialization, no object store).
-* :meth:`RemoteBuffer.sample_batch` is one round trip (:mod:`.draws`): each shard draws the rows of its likely
-  share of the batch plus a margin by its own rule and reports its mass (rows; prioritized: ``sum (p + eps) **
-  alpha``); the handle splits the batch by a multinomial draw proportional to the masses and keeps that many of
-  each shard's rows (a shard short of its share, ~0.1% of draws, is asked for the rest): every row has the
-  probability it would have in one big buffer, and ~1.2x the kept rows cross the wire (not ``S`` times).
-  Importance weights are recomputed over the whole batch. ``"index"`` is global (``shard * capacity + slot``);
-  ``"generation"`` says which write of that slot was drawn.
-* :meth:`RemoteBuffer.update_priority` ignores updates to slots rewritten since they were sampled (given the
-  batch's ``"generation"``) and returns how many it applied.
-* :meth:`RemoteBuffer.prefetch` keeps ``depth`` samples in flight as Ray refs (no helper thread): the learner
-  finds the next batch ready while it trains on this one.
+* Samples, prefetching and priority updates: see :mod:`.sampling` (the handle's base class).
 * Faults: a call that meets a dead shard is retried (Ray restarts the actor from the last checkpoint) until
   ``retry_timeout_s``, then :class:`~objectrl_buffer.errors.BufferUnavailable`; :attr:`RemoteBuffer.lost_rows`
   says how many stored rows the restarts dropped. A handle pickles into Ray tasks and actors (each copy
@@ -34,41 +24,34 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import threading
-import time
 import uuid
-import warnings
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
-import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.distributed.admission import Asked, admit
 from objectrl_buffer.distributed.coordinator import Coordinator
+from objectrl_buffer.distributed.cut_watch import CutWatch
 from objectrl_buffer.distributed.discovery import Registry, check_free, find, named_options
-from objectrl_buffer.distributed.draws import Draw, Sampler, get_all
-from objectrl_buffer.distributed.health import DEGRADED_KEY, SHARD_LOSS, ShardHealth
+from objectrl_buffer.distributed.draws import Sampler
+from objectrl_buffer.distributed.health import SHARD_LOSS, ShardHealth
 from objectrl_buffer.distributed.location import Location
 from objectrl_buffer.distributed.location import check as check_location
-from objectrl_buffer.distributed.observe import BufferStats, LimiterStats, ShardStats
+from objectrl_buffer.distributed.observe import BufferStats, LimiterStats, Rates, ShardStats
 from objectrl_buffer.distributed.placement import coordinator_actor_options, place_shards
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
+from objectrl_buffer.distributed.sampling import Sampling
 from objectrl_buffer.distributed.shard import (
     GENERATION_KEY,
     Shard,
     to_numpy,
-    unpack,
 )
 from objectrl_buffer.distributed.writer import Writer
 from objectrl_buffer.errors import (
-    BufferUnavailable,
-    CheckpointError,
-    EmptyBufferError,
     InvalidArgumentError,
     ReplayBufferError,
 )
@@ -78,7 +61,7 @@ from objectrl_buffer.flow.limiter import RateLimiter
 __all__ = ["RemoteBuffer", "Shard", "Writer", "GENERATION_KEY", "to_numpy"]
 
 
-class RemoteBuffer:
+class RemoteBuffer(Sampling):
     """A handle on shard actors (see the module docs). Build it with :meth:`launch`.
 
     Attributes:
@@ -110,18 +93,13 @@ class RemoteBuffer:
         self.registry: Any = None  # a named buffer's registry actor (see :mod:`.discovery`)
         #: the placement group the buffer made for its shards (``None``: none; see :mod:`.placement`)
         self.placement_group = placement_group
-        #: (when, inserts, samples) at the last stats() call: its rates are since then
-        self._stats_at = (time.monotonic(), 0, 0)
+        self._rates = Rates()  # stats(): its rates are since the previous call
         #: the shards this handle finds down, and its degraded mode's counters (see :mod:`.health`)
         self.health = ShardHealth(len(shards), shard_loss, shard_timeout_s)
         self.buffer_id = buffer_id
         self.max_failed_cuts = max_failed_cuts
-        self._cuts_ref: Any = None  # a cut_status() call on its way (see _check_cuts)
-        self._cuts_asked = -math.inf  # when it was sent (time.monotonic())
-        self._cuts: dict[str, Any] = {}  # the last cut status seen
-        self._warned_failures = 0  # failed cuts already warned about
-        self._cuts_lock = threading.Lock()  # check_cuts() of threads sharing this handle
         self.coordinator, self.limited, self.num_envs = coordinator, limited, num_envs
+        self.cuts = None if coordinator is None else CutWatch(coordinator, max_failed_cuts)
         self.retry_timeout_s = retry_timeout_s
         self.generator = torch.Generator()
         if seed is None:
@@ -309,35 +287,6 @@ class RemoteBuffer:
         }
         return (_rebuild, (self.shards, self.capacity, self.beta, settings))
 
-    # ------------------------------------------------------------------ calls that survive a shard restart
-    def retry(self, what: str, submit: Callable[[], Any], shard: int | None = None) -> Any:
-        """``ray.get(submit())``, submitted again while the actor is dead or restarting, for up to
-        ``retry_timeout_s``; errors of ours raised in the actor come out as themselves. ``shard``: the shard
-        called, marked down for this handle's other calls while it fails (see :mod:`.health`).
-
-        Raises:
-            BufferUnavailable: still failing when the time is up (``what`` names the call).
-        """
-        ray = _ray()
-        deadline = time.monotonic() + self.retry_timeout_s
-        wait = 0.01
-        while True:
-            try:
-                return ray.get(submit())
-            except ray.exceptions.RayActorError as exc:
-                if shard is not None:
-                    self.health.mark_down(shard, f"{what}: {type(exc).__name__}")
-                if time.monotonic() >= deadline:
-                    raise BufferUnavailable(
-                        f"remote buffer: {what} failed for {self.retry_timeout_s:g}s (retry_timeout_s): {exc}"
-                    ) from None
-                time.sleep(wait)
-                wait = min(2 * wait, 0.5)
-            except ray.exceptions.RayTaskError as exc:
-                if isinstance(exc.cause, ReplayBufferError):
-                    raise exc.cause from None
-                raise
-
     def next_shard(self) -> int:
         """The number of the shard the next write goes to: the shards take writes in turn, a shard down
         skipped in degraded mode (see :mod:`.health`)."""
@@ -459,28 +408,8 @@ class RemoteBuffer:
         if self.coordinator is not None:
             limiter = self.retry("stats", lambda: self.coordinator.usage.remote())
             cuts = dict(self.retry("stats", lambda: self.coordinator.cut_status.remote()))
-        inserts = sum(s["inserts"] for s in shards)
-        samples = sum(s["sampled_rows"] for s in shards)
-        lost = sum(s["lost_rows"] for s in shards)
-        now = time.monotonic()
-        since, last_inserts, last_samples = self._stats_at
-        elapsed = max(now - since, 1e-9)
-        self._stats_at = (now, inserts, samples)
-        return {
-            "shards": shards,
-            "rows": sum(s["rows"] for s in shards),
-            "inserts": inserts,
-            "inserts_per_s": max(0, inserts - last_inserts) / elapsed,
-            "samples": samples,
-            "samples_per_s": max(0, samples - last_samples) / elapsed,
-            "lost_rows": lost,
-            "restarted_shards": sum(1 for s in shards if s["restarted"]),
-            "pending_rows": None if limiter is None else max(0, limiter["inserts"] - inserts - lost),
-            "limiter": limiter,
-            "last_cut_age_s": cuts.get("last_cut_age_s"),
-            "traffic": dataclasses.asdict(self.sampler.traffic),
-            "health": dict(self.health.snapshot()),
-        }
+        traffic = dataclasses.asdict(self.sampler.traffic)
+        return self._rates.stats(shards, limiter, cuts.get("last_cut_age_s"), traffic, dict(self.health.snapshot()))
 
     def masses(self) -> list[tuple[int, float]]:
         """``(rows, mass)`` of each shard (mass: a prioritized shard's priority mass, else its rows)."""
@@ -496,189 +425,6 @@ class RemoteBuffer:
     def __len__(self) -> int:
         return sum(rows for rows, _ in self.masses())
 
-    def submit_sample(self, batch_size: int, timeout: float | None = None) -> Draw:
-        """Start one :meth:`sample_batch` (see :meth:`finish_sample`): its admission is asked, and the live
-        shards' draws are sent at once without a limiter, else once it is admitted (:meth:`advance`, or at the
-        finish)."""
-        self.check_cuts()
-        live = self.health.live(self.shards)
-        draw = Draw(batch_size, self.sampler.asks(batch_size, live), live)
-        if self.limited:
-            coordinator = self.coordinator
-            draw.asked = Asked(lambda left: coordinator.admit_sample.remote(batch_size, left), timeout)
-        else:
-            draw.refs = self._draws(draw)
-        return draw
-
-    def _draws(self, draw: Draw, counted: int = 0) -> list[Any]:
-        """The draws of ``draw``'s shards, ``draw.asks[j]`` rows of its ``j``-th (see :mod:`.draws`); ``counted``:
-        the batch size of an admitted sample's first draw (the first shard asked counts it, see
-        :meth:`.shard.Shard.sample`)."""
-        count = counted if self.limited else 0
-        return [
-            self.shards[i].sample.remote(draw.asks[j], None, count if j == 0 else 0) for j, i in enumerate(draw.shards)
-        ]
-
-    def _top_up(self, short: list[tuple[int, int]]) -> list[bytes]:
-        """``n`` more rows of each ``(shard, n)`` in ``short``, in one round trip (a shard's share of a batch
-        exceeded the rows it was asked for, see :mod:`.draws`)."""
-        return list(self.retry("sample_batch", lambda: [self.shards[i].sample.remote(n) for i, n in short]))
-
-    def advance(self, draw: Draw) -> None:
-        """Send ``draw``'s shard draws if its admission has come (never waits; a refusal is kept for the finish)."""
-        if draw.refs is not None or draw.error is not None or draw.asked is None or not draw.asked.ready():
-            return
-        try:
-            admit(draw.asked, f"sample of {draw.batch_size} rows", self.retry_timeout_s)
-        except ReplayBufferError as exc:
-            draw.error = exc
-            return
-        draw.refs = self._draws(draw, counted=draw.batch_size)
-
-    def finish_sample(self, batch_size: int, draw: Draw, timeout: float | None = None) -> TensorDict:
-        """The batch of :meth:`submit_sample`'s ``draw``: waits for its admission first (the shards draw only
-        admitted samples, also while the coordinator is down: see :mod:`.admission`). In degraded mode a shard
-        that does not answer within ``shard_timeout_s`` (or died) is left out and the batch flagged (see
-        :mod:`.health`); else the draw waits for it, drawn again after its restart. Drawn again too if the
-        limiter admitted it before any admitted row had landed (see :meth:`draw_admitted`).
-
-        Raises:
-            RateLimitTimeout, RateLimitDeadlock: not admitted. BufferUnavailable: see :meth:`retry`.
-        """
-        if draw.error is not None:
-            raise draw.error
-        if draw.refs is None:
-            assert draw.asked is not None
-            admit(draw.asked, f"sample of {batch_size} rows", self.retry_timeout_s)
-            draw.refs = self._draws(draw, counted=batch_size)
-        refs, draw.refs = draw.refs, []
-        got, shards = self._collect(draw, refs)
-        del refs
-        try:
-            return self._flagged(self.sampler.combine(batch_size, got, self._top_up, shards), shards)
-        except EmptyBufferError:
-            if not self.limited:
-                raise
-        return self.draw_admitted(batch_size, timeout)
-
-    def _collect(self, draw: Draw, refs: list[Any]) -> tuple[list[Any], list[int]]:
-        """The packed draws of ``draw`` and the shards they came from: in degraded mode those that answered
-        within ``shard_timeout_s`` (the others marked down), else, or when none of those holds a row, all of
-        them (a shard that died drawn again after its restart)."""
-        ray = _ray()
-        health = self.health
-        if health.degrading and len(self.shards) > 1:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=health.shard_timeout_s)
-            answered = {ref.hex() for ref in ready}
-            got, shards = [], []
-            for shard, ref in zip(draw.shards, refs, strict=True):
-                if ref.hex() not in answered:
-                    health.mark_down(shard, f"no draw within shard_timeout_s={health.shard_timeout_s:g}")
-                    continue
-                try:
-                    got.append(ray.get(ref))
-                except ray.exceptions.RayActorError as exc:
-                    health.mark_down(shard, type(exc).__name__)
-                    continue
-                except ray.exceptions.RayTaskError as exc:
-                    if isinstance(exc.cause, ReplayBufferError):
-                        raise exc.cause from None
-                    raise
-                shards.append(shard)
-            if any(unpack(packed, copy=False)[0] > 0 for packed in got):
-                return got, shards
-            # no row among the shards that answered: waiting for the others beats a false EmptyBufferError
-        try:
-            return get_all(refs), list(draw.shards)
-        except ray.exceptions.RayActorError:  # admitted already: drawn again, from every shard
-            again = Draw(draw.batch_size, self.sampler.asks(draw.batch_size), list(range(len(self.shards))))
-            return self.retry("sample_batch", lambda: self._draws(again)), again.shards
-        except ray.exceptions.RayTaskError as exc:
-            if isinstance(exc.cause, ReplayBufferError):
-                raise exc.cause from None
-            raise
-
-    def _flagged(self, batch: TensorDict, shards: list[int]) -> TensorDict:
-        """``batch`` with its :data:`.health.DEGRADED_KEY` column (counted when ``True``)."""
-        degraded = len(shards) < len(self.shards)
-        if degraded:
-            self.health.degraded_samples += 1
-        batch.set(DEGRADED_KEY, torch.full(batch.batch_size, degraded, dtype=torch.bool))
-        return batch
-
-    def draw_admitted(self, batch_size: int, timeout: float | None) -> TensorDict:
-        """Draw again until rows the limiter admitted have landed on a shard.
-
-        The coordinator counts a write when it admits it, before its rows reach a shard, so a sample admitted
-        on those counts can find every shard still empty. It is drawn again (back-off 1 ms to 50 ms) until a row
-        has landed, for at most ``timeout`` seconds (``retry_timeout_s`` without one), then
-        :class:`~objectrl_buffer.errors.EmptyBufferError`.
-        """
-        deadline = time.monotonic() + (self.retry_timeout_s if timeout is None else timeout)
-        pause = 0.001
-        while True:
-            time.sleep(pause)
-            pause = min(2 * pause, 0.05)
-            live = self.health.live(self.shards)
-            draw = Draw(batch_size, self.sampler.asks(batch_size, live), live)
-            got, shards = self._collect(draw, self._draws(draw))
-            try:
-                return self._flagged(self.sampler.combine(batch_size, got, self._top_up, shards), shards)
-            except EmptyBufferError:
-                if time.monotonic() >= deadline:
-                    raise
-
-    def sample_batch(self, batch_size: int, *, timeout: float | None = None) -> TensorDict:
-        """``batch_size`` rows over all shards with one big buffer's probabilities (see the module docs).
-
-        Raises:
-            EmptyBufferError: no shard holds a row. RateLimitTimeout, RateLimitDeadlock: not admitted.
-            BufferUnavailable: see :meth:`retry`.
-        """
-        k = positive_int(batch_size, "batch_size")
-        return self.finish_sample(k, self.submit_sample(k, timeout), timeout)
-
-    def prefetch(self, batch_size: int, depth: int = 2, *, timeout: float | None = None) -> Iterator[TensorDict]:
-        """An endless iterator of samples with ``depth`` of them in flight (Ray refs, dropped when taken)."""
-        k, depth = positive_int(batch_size, "batch_size"), positive_int(depth, "depth")
-        queue = deque(self.submit_sample(k, timeout) for _ in range(depth))
-        try:
-            while True:
-                draw = queue.popleft()
-                queue.append(self.submit_sample(k, timeout))
-                batch = self.finish_sample(k, draw, timeout)
-                del draw
-                for later in queue:  # admitted meanwhile: their draws go now, ready by the next batch
-                    self.advance(later)
-                yield batch
-        finally:
-            queue.clear()
-
-    def update_priority(self, index: Any, priority: Any, generation: Any = None) -> int:
-        """Set priorities at global ``index`` (a sample's ``"index"``); with the sample's ``"generation"``,
-        slots rewritten since are skipped, and in degraded mode those of a shard down (see :mod:`.health`).
-        Returns how many were applied."""
-        slots = torch.as_tensor(index).reshape(-1).numpy().astype(np.int64)
-        values = torch.as_tensor(priority, dtype=torch.float64).reshape(-1).numpy()
-        gens = None if generation is None else torch.as_tensor(generation).reshape(-1).numpy().astype(np.int64)
-        if len(values) != len(slots) or (gens is not None and len(gens) != len(slots)):
-            raise InvalidArgumentError("update_priority: index, priority and generation must have one value per row")
-        shard_of = slots // self.capacity
-        parts = []
-        live = self.health.live(self.shards)
-        for i in np.unique(shard_of).tolist():
-            if not 0 <= i < len(self.shards):
-                raise InvalidArgumentError(f"update_priority: index {int(slots[shard_of == i][0])} names no shard")
-            if i not in live:  # degraded: a down shard's updates are dropped (not counted as applied)
-                continue
-            mask = shard_of == i
-            parts.append((i, slots[mask] % self.capacity, values[mask], None if gens is None else gens[mask]))
-        return int(
-            sum(
-                self.retry("update_priority", lambda: [self.shards[p[0]].update_priority.remote(*p[1:]) for p in parts])
-            )
-        )
-
     # ------------------------------------------------------------------ the rest
     def checkpoint(self) -> int:
         """Take a consistent cut of every shard and the limiter now (see :mod:`.coordinator`); its generation.
@@ -692,64 +438,18 @@ class RemoteBuffer:
 
     def checkpoint_status(self) -> dict[str, Any]:
         """How the checkpoint cuts fare: ``failed_cuts`` (failed since the coordinator started), ``failing`` (in a
-        row), ``last_cut_age_s`` (seconds since the last good cut; ``None``: none yet), ``last_error`` and
-        ``max_failed_cuts`` (empty without a coordinator). A failure not seen before is warned about here too.
+        row), ``last_cut_age_s`` (seconds since the last good cut; ``None``: none yet), ``last_error``,
+        ``skipped_cuts`` and ``max_failed_cuts`` (empty without a coordinator). A failure not seen before is
+        warned about here too (see :mod:`.cut_watch`).
 
         Raises:
             CheckpointError: ``max_failed_cuts`` cuts failed in a row (see :meth:`launch`).
         """
-        if self.coordinator is None:
+        if self.cuts is None:
             return {}
         status = dict(self.retry("checkpoint_status", lambda: self.coordinator.cut_status.remote()))
-        with self._cuts_lock:
-            self._cuts_ref, self._cuts_asked = None, time.monotonic()
-            self._saw_cuts(status)
+        self.cuts.saw(status)
         return status
-
-    def check_cuts(self) -> None:
-        """What each write and sample calls: read the coordinator's cut status when its answer has come (never
-        waiting for it; asked again at most once a second), warn about new failures, and refuse the call once
-        ``max_failed_cuts`` cuts failed in a row.
-
-        Raises:
-            CheckpointError: see :meth:`checkpoint_status`.
-        """
-        if self.coordinator is None:
-            return
-        ray = _ray()
-        with self._cuts_lock:  # threads share a handle: one of them takes the answer, one asks again
-            ref = self._cuts_ref
-            if ref is not None and ray.wait([ref], timeout=0)[0]:
-                self._cuts_ref = None
-                try:
-                    status = ray.get(ref)
-                except ray.exceptions.RayError:  # the coordinator is restarting: asked again later
-                    status = None
-                if status is not None:
-                    self._cuts = status
-            if self._cuts_ref is None and time.monotonic() - self._cuts_asked >= 1.0:
-                self._cuts_ref, self._cuts_asked = self.coordinator.cut_status.remote(), time.monotonic()
-            self._saw_cuts(self._cuts)
-
-    def _saw_cuts(self, status: dict[str, Any]) -> None:
-        self._cuts = status
-        failed = int(status.get("failed_cuts", 0))
-        if failed < self._warned_failures:  # a restarted coordinator counts from 0
-            self._warned_failures = 0
-        if failed > self._warned_failures:
-            self._warned_failures = failed
-            warnings.warn(
-                f"remote buffer: {failed} checkpoint cut(s) failed ({status.get('failing')} in a row, last good cut "
-                f"{_age(status.get('last_cut_age_s'))}): {status.get('last_error')}",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        if int(status.get("failing", 0)) >= self.max_failed_cuts:
-            raise CheckpointError(
-                f"remote buffer: the last {status.get('failing')} checkpoint cuts failed "
-                f"({status.get('last_error')}; last good cut {_age(status.get('last_cut_age_s'))}): "
-                "writes and samples are refused until a cut succeeds (handle.checkpoint())"
-            )
 
     def limiter_counters(self) -> dict[str, int]:
         """The shared limiter's ``inserts``, ``samples``, ``deletes`` (empty without one)."""
@@ -796,10 +496,6 @@ class RemoteBuffer:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self.placement_group)
-
-
-def _age(seconds: float | None) -> str:
-    return "none yet" if seconds is None else f"{seconds:.1f} s ago"
 
 
 def _rebuild(shards: list[Any], capacity: int, beta: float | None, settings: dict[str, Any]) -> RemoteBuffer:
