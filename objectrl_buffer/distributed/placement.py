@@ -23,8 +23,12 @@ shard waits until a node joins; under ``SPREAD`` and ``PACK`` onto any node with
 
 The coordinator: ``coordinator_options`` are its Ray actor options (``scheduling_strategy``, ``resources``,
 ``num_cpus``, ...). By default it runs on the *launching driver's node* (node affinity, ``soft=True``: if that
-node dies it restarts wherever Ray finds room). Nothing at launch knows where the writers will run, so the
-default cannot keep it off a writer's node; the driver's node is the learner's, whose loss ends the job anyway.
+node dies, or has no CPU to offer, it runs wherever Ray finds room). It asks for :data:`COORDINATOR_CPUS` of a
+CPU, not 0: Ray places an actor that asks for no resources on a random node whatever its soft affinity says
+(measured with ray 2.60 on a 3-node ``Cluster``: 2 of 6 on the asked node with ``num_cpus=0``, 12 of 12 with
+0.001; ray-project/ray#25360 fixed this for hard affinity only). Nothing at launch knows where the writers
+will run, so the default cannot keep it off a writer's node; the driver's node is the learner's, whose loss
+ends the job anyway.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ from typing import Any
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
 from objectrl_buffer.errors import InvalidArgumentError
 
-__all__ = ["STRATEGIES", "Placed", "place_shards", "coordinator_actor_options"]
+__all__ = ["COORDINATOR_CPUS", "STRATEGIES", "Placed", "place_shards", "coordinator_actor_options"]
+
+#: the share of a CPU the coordinator asks for by default (a soft node affinity needs a resource to hold)
+COORDINATOR_CPUS = 0.001
 
 #: the ``placement`` strings and Ray's placement group strategies they stand for
 STRATEGIES = {"spread": "SPREAD", "strict_spread": "STRICT_SPREAD", "pack": "PACK"}
@@ -120,8 +127,9 @@ def _in_group(group: Any, n: int, base: dict[str, Any], strategy: Any) -> list[d
 
 
 def coordinator_actor_options(options: Mapping[str, Any] | None, max_restarts: int) -> dict[str, Any]:
-    """The coordinator's Ray actor options: ``options`` over the defaults (``num_cpus=0``, the driver's node,
-    ``max_restarts``; see the module docs).
+    """The coordinator's Ray actor options: ``options`` over the defaults (``max_restarts``; unless ``options``
+    name ``resources``: the driver's node and ``num_cpus=COORDINATOR_CPUS``, else ``num_cpus=0``; see the module
+    docs).
 
     Raises:
         InvalidArgumentError: ``options`` is not a mapping, or names ``name``/``namespace``/``lifetime``.
@@ -137,7 +145,7 @@ def coordinator_actor_options(options: Mapping[str, Any] | None, max_restarts: i
             raise InvalidArgumentError(f"coordinator_options: {key!r} is set by launch itself")
     here = ray.get_runtime_context().get_node_id()
     out: dict[str, Any] = {"num_cpus": 0, "max_restarts": max_restarts}
-    if "resources" not in given:  # custom resources place it themselves
-        out["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=True)
+    if "resources" not in given:  # custom resources place it themselves (and may name a node without CPUs)
+        out.update(num_cpus=COORDINATOR_CPUS, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True))
     out.update(given)
     return out

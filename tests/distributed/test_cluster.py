@@ -1,7 +1,8 @@
 """A RemoteBuffer on a simulated multi-node Ray cluster (``ray.cluster_utils.Cluster``), nodes hard-killed
 mid-run (issue 23): no row a writer accepted is lost without being counted, none is stored twice, the
 limiter's counters match the data after recovery, the learner's ``timeout=`` holds throughout, and samples
-drawn without a lost shard are flagged ``"degraded"``.
+drawn without a lost shard are flagged ``"degraded"``. And placement across nodes: a spread group puts each
+shard on a node of its own, node ids are honoured, the coordinator runs on the driver's node by default.
 
 Layout: the head runs the driver (two writer threads and a learner thread); each shard has a worker node of
 its own (one ``shard_slot`` a node), the coordinator another (``coord_slot``); a killed node is replaced by a
@@ -55,7 +56,7 @@ def cluster() -> Iterator[Any]:
     c = cluster_utils.Cluster(initialize_head=True, head_node_args=head)
     try:
         for slot in ("shard_slot", "shard_slot", "coord_slot"):
-            c.add_node(num_cpus=0, resources={slot: 1})
+            c.add_node(num_cpus=1, resources={slot: 1})  # a CPU: room for a placement group's bundle
         ray.init(address=c.address, log_to_driver=False)
         c.wait_for_nodes()
         yield c
@@ -176,6 +177,44 @@ def check_the_learners_timeout_held(run: Run) -> None:
     assert run.calls and max(seconds for seconds, _, _ in run.calls) < TIMEOUT_S + SLACK_S
 
 
+def alive_workers(c: Any) -> list[str]:
+    """The ids of the worker nodes alive now (the head's is not among them)."""
+    alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    return [node.node_id for node in c.worker_nodes if node.node_id in alive]
+
+
+def test_a_strict_spread_puts_each_shard_on_a_node_of_its_own(cluster: Any, tmp_path: Path) -> None:
+    """``placement="strict_spread"``: 3 shards asking for a whole CPU each (the head has 2, each worker 1) land
+    on 3 different nodes; the group the buffer made is removed by ``kill``."""
+    from ray.util.placement_group import placement_group_table
+
+    remote = RemoteBuffer.launch(
+        ReplayBuffer, "cpu", "cpu", 16, num_shards=3, placement="strict_spread", actor_options={"num_cpus": 1}
+    )
+    group = remote.placement_group
+    try:
+        assert len(set(remote.node_ids())) == 3
+        remote.add_batch({"obs": np.zeros((6, 2), np.float32)})
+        assert len(remote) == 6
+    finally:
+        remote.kill()
+    assert placement_group_table(group)["state"] == "REMOVED"
+
+
+def test_node_ids_are_honoured_and_the_coordinator_runs_on_the_drivers_node(cluster: Any, tmp_path: Path) -> None:
+    """``placement=[node ids]``: shard ``i`` runs on node ``i`` (in the order given, not the cluster's); the
+    coordinator, without ``coordinator_options``, runs on the launching driver's node (the head here)."""
+    first, second = alive_workers(cluster)[:2]
+    remote = RemoteBuffer.launch(
+        ReplayBuffer, "cpu", "cpu", 16, num_shards=2, placement=[second, first], checkpoint_path=str(tmp_path / "c")
+    )
+    try:
+        assert remote.node_ids() == [second, first]
+        assert ray.get(remote.coordinator.node_id.remote()) == ray.get_runtime_context().get_node_id()
+    finally:
+        remote.kill()
+
+
 def test_a_shard_node_lost_mid_writes(cluster: Any, tmp_path: Path) -> None:
     """A shard's node hard-killed while two writers and a learner run: the learner goes on with the other shard
     (samples flagged, counted), Ray restarts the shard on a fresh node from its last cut, and every accepted
@@ -191,7 +230,7 @@ def test_a_shard_node_lost_mid_writes(cluster: Any, tmp_path: Path) -> None:
         )
         victim = node_of(cluster, remote.node_ids()[1])
         cluster.remove_node(victim, allow_graceful=False)
-        cluster.add_node(num_cpus=0, resources={"shard_slot": 1})
+        cluster.add_node(num_cpus=1, resources={"shard_slot": 1})
         wait_until(lambda: remote.health.outages >= 1, 30, "the handle finds shard 1 down")
         accepted = len(run.accepted[0]) + len(run.accepted[1])
         wait_until(lambda: any(degraded for _, degraded, _ in run.calls), 30, "a degraded sample")
@@ -225,7 +264,7 @@ def test_the_coordinators_node_lost_mid_writes(cluster: Any, tmp_path: Path) -> 
         wait_until(lambda: len(remote) > 2_000, 60, "rows")
         coordinator_node = ray.get(remote.coordinator.node_id.remote())
         cluster.remove_node(node_of(cluster, coordinator_node), allow_graceful=False)
-        cluster.add_node(num_cpus=0, resources={"coord_slot": 1})
+        cluster.add_node(num_cpus=1, resources={"coord_slot": 1})
         killed = len(run.calls)
         wait_until(lambda: any(error for _, _, error in run.calls[killed:]), 60, "a sample refused while it is down")
         before = len(remote)
@@ -259,7 +298,7 @@ def test_several_node_losses_in_one_run(cluster: Any, tmp_path: Path) -> None:
                 node_id = ray.get(remote.shards[int(victim[-1])].node_id.remote())  # it moves: asked anew
                 slot = "shard_slot"
             cluster.remove_node(node_of(cluster, node_id), allow_graceful=False)
-            cluster.add_node(num_cpus=0, resources={slot: 1})
+            cluster.add_node(num_cpus=1, resources={slot: 1})
             wait_until(lambda: not remote.health.down and len(remote) > 0, 90, f"{victim} back")
         before = len(remote)
         wait_until(lambda: len(remote) > before + 1_000, 60, "writes flowing at the end")
