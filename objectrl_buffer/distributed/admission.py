@@ -53,15 +53,16 @@ class Asked:
         return bool(self.ref is not None and ray_module().wait([self.ref], timeout=0)[0])
 
 
-def admit(asked: Asked, what: str, retry_timeout_s: float) -> None:
-    """Wait for ``asked``'s admission (see the module docs); asked again while the coordinator is down.
+def admit(asked: Asked, what: str, retry_timeout_s: float) -> str | None:
+    """Wait for ``asked``'s admission (see the module docs); asked again while the coordinator is down. The
+    admission's ticket (an insert's, see :mod:`.tickets`; ``None``: a sample's, or one admitted before).
 
     Raises:
         RateLimitTimeout: not admitted within the timeout (the limiter's, or the coordinator unreachable).
         RateLimitDeadlock, CheckpointError: the coordinator's refusal. BufferUnavailable: see the module docs.
     """
     if asked.admitted:
-        return
+        return None
     ray = ray_module()
     failing_since: float | None = None
     pause = 0.01
@@ -105,4 +106,4 @@ def admit(asked: Asked, what: str, retry_timeout_s: float) -> None:
         if isinstance(answer, ReplayBufferError):  # a refusal handed back as a value (see Coordinator)
             raise answer
         asked.admitted = True
-        return
+        return answer if isinstance(answer, str) else None

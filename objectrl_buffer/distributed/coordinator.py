@@ -14,11 +14,11 @@ The contract (in the manner of Reverb's rate-limiter and checkpoint docs):
   written since it, and rolling them back to the cut instead would drop acknowledged rows to make the counts
   agree. The cut's generation, its kept generations and its time come from the manifest. Not restored: the
   failure counts of cuts (they start again at 0) and the admissions that were waiting (each handle asks the
-  restarted actor again, see :mod:`.admission`). The one gap: a write admitted by the dead actor and still
-  on its way to its shard when the restarted one asks the shards lands uncounted (one round trip's worth
-  of writes, at most ``max_in_flight`` batches per writer); a shard's own restart drops the rows written
-  since its cut from both its rows and its ``written`` (they are counted in ``lost_rows``), so the limiter
-  rebuilt after that agrees with the shard as it is.
+  restarted actor again, see :mod:`.admission`). A write admitted by the dead actor and still on its way to
+  its shard when the restarted one read the shards' counts is counted when it lands (its admission's
+  *ticket* says which incarnation admitted it, see :mod:`.tickets`). A shard's own restart drops the rows
+  written since its cut from both its rows and its ``written`` (they are counted in ``lost_rows``), so the
+  limiter rebuilt after that agrees with the shard as it is.
 
 * Rate limiting: the handle asks :meth:`Coordinator.admit_insert` / :meth:`Coordinator.admit_sample`, waits
   for the answer and only then sends the shard call (:mod:`.admission`). The limiter is the user's
@@ -51,13 +51,17 @@ from typing import Any
 from objectrl_buffer.distributed.cut import generation_name, prune, read_manifest, write_manifest
 from objectrl_buffer.distributed.location import Location, as_location, probe
 from objectrl_buffer.distributed.observe import LimiterStats, MetricsThread
+from objectrl_buffer.distributed.tickets import LateTally, new_ticket
 from objectrl_buffer.errors import CheckpointError, RateLimitDeadlock, RateLimitTimeout, ReplayBufferError
 from objectrl_buffer.flow.limiter import RateLimiter
 
-__all__ = ["PING_S", "Coordinator"]
+__all__ = ["LATE_EVERY_S", "PING_S", "Coordinator"]
 
-#: Seconds every shard has to answer before a checkpoint cut starts (else the cut is skipped).
+#: Seconds every shard has to answer before a checkpoint cut starts (else the cut is skipped); also how long a
+#: count of late rows waits for a shard (see :meth:`Coordinator.count_late`).
 PING_S = 2.0
+#: How often a restarted coordinator counts the late rows of its predecessor's admissions (seconds).
+LATE_EVERY_S = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +115,8 @@ class Coordinator:
         self.blocked = {"insert": 0.0, "sample": 0.0}  # seconds admissions waited for the limiter, in all
         self.last_good: float | None = None  # wall time of the last good cut (the manifest's, after a restart)
         self.last_error: str | None = None
+        self.ticket = new_ticket()  # this incarnation's: what its admissions answer (see .tickets)
+        self.late = LateTally(len(shards))
         if self.root is not None:
             self.root.makedirs()
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
@@ -118,10 +124,13 @@ class Coordinator:
             manifest = read_manifest(self.root)
             if manifest is not None and (resume or restarted):
                 self._adopt(manifest)
-        if resume or restarted:
+        self.rebuilt = resume or restarted  # only a rebuilt limiter has late rows to count (see .tickets)
+        if self.rebuilt:
             self._rebuild()
+            if self.limiter is not None:  # writes its predecessor admitted may still land
+                threading.Thread(target=self._every, args=(LATE_EVERY_S, "count_late"), daemon=True).start()
         if root is not None and every_s is not None:
-            threading.Thread(target=self._every, args=(every_s,), daemon=True).start()
+            threading.Thread(target=self._every, args=(every_s, "checkpoint"), daemon=True).start()
         #: Ray gauges of the limiter (see :mod:`.observe`), when ``metrics_tag`` (the buffer's) is given
         self.metrics = None if metrics_tag is None else MetricsThread(self._metric_values, {"buffer": metrics_tag})
 
@@ -134,7 +143,7 @@ class Coordinator:
         """The limiter's counters and the rows per shard from what the shards hold now (see the module docs)."""
         import ray
 
-        counts = ray.get([shard.counts.remote() for shard in self.shards])
+        counts = ray.get([shard.counts.remote(self.ticket) for shard in self.shards])
         self.rows = [held for _, held, _ in counts]
         if self.limiter is not None:
             values = {
@@ -145,16 +154,43 @@ class Coordinator:
             self.limiter.check({}, values, sum(self.rows), "the shards' counts")
             self.limiter.restore({}, values)
 
-    def _every(self, every_s: float) -> None:
-        """The automatic cuts: a thread of this actor that calls its own :meth:`checkpoint` through Ray (the
-        cut runs on the actor's event loop, as every other call)."""
+    def _every(self, every_s: float, method: str) -> None:
+        """The automatic cuts (``"checkpoint"``) and counts of late rows (``"count_late"``): a thread of this
+        actor that calls its own ``method`` through Ray (it runs on the actor's event loop, as every other call)."""
         import ray
 
         me = ray.get_runtime_context().current_actor
         while True:
             time.sleep(every_s)
-            with contextlib.suppress(Exception):  # counted and logged by checkpoint()
-                ray.get(me.checkpoint.remote())
+            with contextlib.suppress(Exception):  # a failed cut is counted and logged by checkpoint()
+                ray.get(getattr(me, method).remote())
+
+    async def count_late(self) -> int:
+        """Count as inserted (and what they evicted) the rows of this actor's predecessors' admissions that
+        landed after its rebuild and are not counted yet (see :mod:`.tickets`); how many. A shard that does not
+        answer within :data:`PING_S` is counted at the next call."""
+        if self.limiter is None or not self.rebuilt:
+            return 0
+        calls = [asyncio.ensure_future(asyncio.wait_for(shard.late_rows.remote(), PING_S)) for shard in self.shards]
+        reports = await asyncio.gather(*calls, return_exceptions=True)
+        counted = 0
+        for shard, report in enumerate(reports):  # no await below: concurrent calls never count a row twice
+            if isinstance(report, BaseException):
+                continue
+            n = self.late.take(shard, report)
+            if n:
+                self.limiter.record_inserts(n)
+                self._held(shard, n)
+                counted += n
+        return counted
+
+    def _held(self, shard: int, n: int) -> None:
+        """``n`` more rows on ``shard``: the rows it evicts past its capacity count as the limiter's deletes."""
+        assert self.limiter is not None
+        held = self.rows[shard] + n
+        self.rows[shard] = min(held, self.capacity)
+        if held > self.capacity:
+            self.limiter.delete(held - self.capacity)
 
     def _refuse_if_failing(self) -> CheckpointError | None:
         """The error every admission answers once ``max_failed_cuts`` cuts failed in a row (else ``None``)."""
@@ -196,10 +232,11 @@ class Coordinator:
         return str(ray.get_runtime_context().get_node_id())
 
     # ------------------------------------------------------------------ rate limiting
-    async def admit_insert(self, shard: int, n: int, timeout: float | None) -> bool | ReplayBufferError:
-        """Wait until ``n`` rows bound for ``shard`` are admitted, then count them (and what they evict); ``True``,
-        or the refusal (:class:`~objectrl_buffer.errors.RateLimitTimeout`, ``RateLimitDeadlock``,
-        ``CheckpointError``: nothing counted), returned.
+    async def admit_insert(self, shard: int, n: int, timeout: float | None) -> str | ReplayBufferError:
+        """Wait until ``n`` rows bound for ``shard`` are admitted, then count them (and what they evict); this
+        incarnation's ticket (the write carries it to the shard, see :mod:`.tickets`), or the refusal
+        (:class:`~objectrl_buffer.errors.RateLimitTimeout`, ``RateLimitDeadlock``, ``CheckpointError``: nothing
+        counted), returned.
         """
         await self.resumed.wait()
         refused = self._refuse_if_failing()
@@ -213,11 +250,8 @@ class Coordinator:
                 return exc
             finally:
                 self.blocked["insert"] += time.monotonic() - start
-            held = self.rows[shard] + n
-            self.rows[shard] = min(held, self.capacity)
-            if held > self.capacity:
-                self.limiter.delete(held - self.capacity)
-        return True
+            self._held(shard, n)
+        return self.ticket
 
     async def admit_sample(self, n: int, timeout: float | None) -> bool | ReplayBufferError:
         """Wait until ``n`` samples are admitted, then count them; ``True``, or the refusal, returned (see the
@@ -263,9 +297,11 @@ class Coordinator:
         return {} if self.metrics is None else dict(self.metrics.last)
 
     async def counters(self) -> dict[str, int]:
-        """The limiter's ``inserts``, ``samples`` and ``deletes`` (empty without a limiter)."""
+        """The limiter's ``inserts``, ``samples`` and ``deletes`` (empty without a limiter), late rows counted
+        first (see :meth:`count_late`)."""
         if self.limiter is None:
             return {}
+        await self.count_late()
         _, values = self.limiter.state()
         return {key: int(values[key]) for key in ("inserts", "samples", "deletes")}
 

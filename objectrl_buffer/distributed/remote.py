@@ -331,9 +331,9 @@ class RemoteBuffer(Sampling):
         stream[1] = seq + 1
         answered = False
         try:
-            self.admit_insert(i, rows, timeout)
+            ticket = self.admit_insert(i, rows, timeout)
             submit = getattr(self.shards[i], method).remote
-            self.retry(f"{what} to shard {i}", lambda: submit(data, writer, seq), shard=i)
+            self.retry(f"{what} to shard {i}", lambda: submit(data, writer, seq, ticket), shard=i)
             answered = True
         except (ReplayBufferError, _ray().exceptions.RayTaskError):  # answered, or the last try failed
             answered = True
@@ -343,19 +343,20 @@ class RemoteBuffer(Sampling):
                 with self._lock:
                     self._idle.append(stream)
 
-    def admit_insert(self, shard: int, rows: int, timeout: float | None) -> None:
+    def admit_insert(self, shard: int, rows: int, timeout: float | None) -> str | None:
         """Wait until the limiter admits ``rows`` bound for ``shard`` (at once without a limiter; see
-        :mod:`.admission`: asked again of a restarted coordinator, never let through unadmitted).
+        :mod:`.admission`: asked again of a restarted coordinator, never let through unadmitted); the
+        admission's ticket, for the write to carry to the shard (``None`` without a limiter; see :mod:`.tickets`).
 
         Raises:
             RateLimitTimeout, RateLimitDeadlock, CheckpointError, BufferUnavailable: see :func:`.admission.admit`.
         """
         self.check_cuts()
         if not self.limited:
-            return
+            return None
         coordinator = self.coordinator
         asked = Asked(lambda left: coordinator.admit_insert.remote(shard, rows, left), timeout)
-        admit(asked, f"insert of {rows} rows", self.retry_timeout_s)
+        return admit(asked, f"insert of {rows} rows", self.retry_timeout_s)
 
     # ------------------------------------------------------------------ writes
     def add(self, transition: TensorDictBase | Mapping[str, Any], *, timeout: float | None = None) -> None:

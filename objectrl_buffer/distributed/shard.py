@@ -51,6 +51,7 @@ from objectrl_buffer.distributed.cut import (
 from objectrl_buffer.distributed.location import Journal, Location, as_location, probe
 from objectrl_buffer.distributed.mapped import check_folder, map_column
 from objectrl_buffer.distributed.observe import MetricsThread, ShardStats
+from objectrl_buffer.distributed.tickets import LateWrites
 from objectrl_buffer.errors import BufferUnavailable, CheckpointError, InvalidArgumentError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
 from objectrl_buffer.storage.folders import PREFIX
@@ -331,6 +332,7 @@ class Shard:
         self.arrived = {"mapped": 0, "payload": 0}  # batches stored, by how their rows came
         self.refused: dict[str, int] = {}  # writer -> seq of its batch whose files were not found here
         self.sampled_rows = 0  # rows this actor's draws shipped (see usage())
+        self.late = LateWrites()  # rows a lost coordinator admitted, stored after its successor's rebuild
         self.metrics: MetricsThread | None = None  # Ray gauges, once start_metrics() was called
         if self.root is not None:
             import ray
@@ -395,22 +397,25 @@ class Shard:
             if not pending:
                 del state.pending[writer]
 
-    def add(self, transition: Mapping[str, Any], writer: str | None = None, seq: int = 0, _admitted: Any = None) -> int:
-        """Store one transition (``num_envs`` rows) unless ``(writer, seq)`` was applied; rows written."""
+    def add(
+        self, transition: Mapping[str, Any], writer: str | None = None, seq: int = 0, ticket: str | None = None
+    ) -> int:
+        """Store one transition (``num_envs`` rows) unless ``(writer, seq)`` was applied; rows written.
+        ``ticket``: the admission's (see :mod:`.tickets`; ``None``: no limiter)."""
         if not self._applied(writer, seq):
             pointer = int(self.buffer.pointer)
             self.buffer.add(_from_numpy(transition))
             self._wrote(pointer, self.num_envs)
             self._record(writer, seq, self.num_envs)
+            self.late.note(ticket, self.num_envs)
         return self.state.written
 
     def add_batch(
-        self, batch: Mapping[str, Any] | SharedRows, writer: str | None = None, seq: int = 0, _admitted: Any = None
+        self, batch: Mapping[str, Any] | SharedRows, writer: str | None = None, seq: int = 0, ticket: str | None = None
     ) -> int:
-        """Store a batch unless ``(writer, seq)`` was applied; rows written (``_admitted``: the limiter's
-        admission, a Ray dependency that runs this call only once the limiter admitted it), or
-        :data:`MISSING`: a :class:`SharedRows` batch whose files are not here, or a later batch of that writer,
-        nothing stored."""
+        """Store a batch unless ``(writer, seq)`` was applied; rows written, or :data:`MISSING`: a
+        :class:`SharedRows` batch whose files are not here, or a later batch of that writer, nothing stored.
+        ``ticket``: the admission's (see :mod:`.tickets`; ``None``: no limiter)."""
         if not self._applied(writer, seq):
             refused = self.refused.get(writer or "")
             if refused is not None and seq > refused:
@@ -432,6 +437,7 @@ class Shard:
             n = batch_rows(batch, self.num_envs)
             self._wrote(pointer, n)
             self._record(writer, seq, n)
+            self.late.note(ticket, n)
         return self.state.written
 
     def _map(self, rows: SharedRows, writer: str) -> dict[str, np.ndarray]:
@@ -492,10 +498,18 @@ class Shard:
         return dict(self.arrived)
 
     # ------------------------------------------------------------------ reads
-    def counts(self) -> tuple[int, int, int]:
+    def counts(self, rebuilt_by: str | None = None) -> tuple[int, int, int]:
         """``(written, held, sampled)``: rows ever written (a restart reloads the cut's and counts on), rows held
-        now, and admitted samples counted here: what a restarted coordinator rebuilds its limiter from."""
+        now, and admitted samples counted here: what a restarted coordinator rebuilds its limiter from
+        (``rebuilt_by``: its ticket; later writes of other tickets are late, see :mod:`.tickets`)."""
+        if rebuilt_by is not None:
+            self.late.rebuilt(rebuilt_by)
         return self.state.written, len(self.buffer), self.state.sampled
+
+    def late_rows(self) -> tuple[str, int]:
+        """``(this actor's incarnation, late rows)``: rows stored under another coordinator's ticket since the
+        last rebuild (see :mod:`.tickets`)."""
+        return self.late.report()
 
     def usage(self) -> ShardStats:
         """This shard's numbers for :meth:`RemoteBuffer.stats <.remote.RemoteBuffer.stats>` (see

@@ -328,8 +328,8 @@ class Writer:
         shard = remote.next_shard()
         if self.parked:
             self._unpark(shard)
-        remote.admit_insert(shard, batch_rows(batch, remote.num_envs), None)  # asked again if the coordinator died
-        admitted = None
+        # asked again if the coordinator died; its ticket goes with the batch, also when sent again (see .tickets)
+        admitted = remote.admit_insert(shard, batch_rows(batch, remote.num_envs), None)
         payload: dict[str, Any] | SharedRows = batch
         if columns is not None and columns.folder is not None and self.local[shard]:
             payload = columns.shared(len(next(iter(batch.values()))))  # the rows stay in the files

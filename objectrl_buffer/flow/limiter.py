@@ -250,6 +250,23 @@ class RateLimiter:
             self.samples += n
             self._changed()
 
+    def record_inserts(self, n: int) -> None:
+        """Count ``n >= 0`` inserts that were made without this limiter's admission, at once (no wait, no ratio
+        check): rows another admission let in that this limiter must still count (see
+        :mod:`objectrl_buffer.distributed.tickets`).
+
+        Raises:
+            InvalidArgumentError: ``n`` not an int >= 0, or ``inserts + n`` past :data:`MAX_COUNT` (nothing
+                counted).
+        """
+        n = _count(n, "n")
+        if not n:
+            return
+        with self._cond:
+            self._check_room(n, inserting=True)
+            self.inserts += n
+            self._changed()
+
     def delete(self, n: int, *, clamp: bool = False) -> int:
         """Count ``n >= 0`` rows evicted (a full ring overwrote them); return the deletes counted. ``clamp``
         (a buffer's gate): count at most :attr:`size` (rows the limiter never counted are not its to delete).

@@ -338,3 +338,27 @@ def test_copies_keep_counters_and_drop_waiters() -> None:
         assert (clone.inserts, clone.samples, clone.deletes, clone.min_diff) == (30, 40, 3, 15.0)
         assert clone.try_insert(1)
     assert limiter.inserts == 30
+
+
+def test_record_inserts_counts_at_once_past_the_ratio_and_wakes_a_waiting_sample() -> None:
+    """``record_inserts`` counts rows another admission let in (a lost coordinator's, see
+    distributed/tickets.py): no wait even where ``insert`` would block, a sampler waiting on MinSize is woken,
+    and a bad ``n`` is refused with nothing counted."""
+    limiter = SampleToInsertRatio(1.0, 2, 1.0)  # inserts - samples may not pass 2 + 1
+    limiter.insert(3)
+    assert not limiter.can_insert(1)
+    limiter.record_inserts(5)  # past max_diff: counted anyway
+    assert limiter.state()[1]["inserts"] == 8
+    waiting = MinSize(4)
+    woken = threading.Event()
+    thread = threading.Thread(target=lambda: (waiting.sample(1, timeout=30), woken.set()), daemon=True)
+    thread.start()
+    time.sleep(0.1)
+    assert not woken.is_set()
+    waiting.record_inserts(4)
+    thread.join(timeout=30)
+    assert woken.is_set()
+    for bad in (-1, 1.5):
+        with pytest.raises(InvalidArgumentError, match="n"):
+            waiting.record_inserts(bad)  # type: ignore[arg-type]
+    assert waiting.state()[1]["inserts"] == 4
