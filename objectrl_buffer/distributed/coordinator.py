@@ -30,12 +30,14 @@ The contract (in the manner of Reverb's rate-limiter and checkpoint docs):
   wait ends by admission or by its ``timeout``; a call larger than the limiter's window is refused at once
   (:class:`~objectrl_buffer.errors.RateLimitDeadlock`). Refusals are *returned*, not raised (a prefetch's
   admission that nobody fetches would otherwise be logged by Ray as an unhandled error).
-* Checkpoints (:meth:`Coordinator.checkpoint`, also every ``checkpoint_every_s`` seconds): admissions pause,
-  the limiter's counters are read, every shard saves (in parallel), the manifest naming the generation is
-  written atomically (the commit point), the shards drop their journals up to it, admissions resume, and
-  generations beyond the last ``keep_last`` are removed. A write admitted before the cut and stored after
-  it is counted by the limiter but not in the shard's checkpoint: if that shard dies, its writer's retry
-  stores it again without counting it twice.
+* Checkpoints (:meth:`Coordinator.checkpoint`, also every ``checkpoint_every_s`` seconds): the limiter's
+  counters are read, every shard saves (in parallel), the manifest naming the generation is written atomically
+  (the commit point), the shards drop their journals up to it, and generations beyond the last ``keep_last``
+  are removed. Admissions go on meanwhile: nothing is restored from the manifest's counters (a restart
+  rebuilds them from the shards, see above; they are kept as a record), so a cut need not stop the writers,
+  and a shard that dies in the middle of one holds up only that cut (until Ray declares it dead), never the
+  other shards' writes and samples. Each shard saves what it holds when its save runs: a write stored after
+  that is in the next cut, and if that shard dies first, its writer's retry stores it again (counted once).
 """
 
 from __future__ import annotations
@@ -105,8 +107,6 @@ class Coordinator:
         self.rows = [0] * len(shards)
         self.generation = 0
         self.kept: list[int] = []
-        self.resumed = asyncio.Event()  # cleared while a cut runs: admissions wait for it
-        self.resumed.set()
         self.cutting = asyncio.Lock()  # one cut at a time
         self.max_failed_cuts = max_failed_cuts
         self.failed_cuts = 0  # cuts that failed, ever (this actor's lifetime)
@@ -238,7 +238,6 @@ class Coordinator:
         (:class:`~objectrl_buffer.errors.RateLimitTimeout`, ``RateLimitDeadlock``, ``CheckpointError``: nothing
         counted), returned.
         """
-        await self.resumed.wait()
         refused = self._refuse_if_failing()
         if refused is not None:
             return refused
@@ -256,7 +255,6 @@ class Coordinator:
     async def admit_sample(self, n: int, timeout: float | None) -> bool | ReplayBufferError:
         """Wait until ``n`` samples are admitted, then count them; ``True``, or the refusal, returned (see the
         module docs; nothing counted)."""
-        await self.resumed.wait()
         refused = self._refuse_if_failing()
         if refused is not None:
             return refused
@@ -307,7 +305,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ checkpoints
     async def checkpoint(self) -> int:
-        """Take one consistent cut of every shard and the limiter (see the module docs); its generation.
+        """Take one cut of every shard and the limiter, under one manifest (see the module docs); its generation.
 
         A failed cut is counted (:meth:`cut_status`), logged as a warning, and raised. A cut is first asked of
         every shard without pausing admissions: a shard that does not answer within :data:`PING_S` (its node
@@ -347,16 +345,12 @@ class Coordinator:
     async def _cut(self) -> int:
         assert self.root is not None
         async with self.cutting:
-            self.resumed.clear()
-            try:
-                generation = await self._save()
-            finally:
-                self.resumed.set()
+            generation = await self._save()
         prune(self.root, set(self.kept))
         return generation
 
     async def _save(self) -> int:
-        """The cut itself, admissions paused: every shard saves, then the manifest, then the shards' commits."""
+        """The cut itself: every shard saves, then the manifest, then the shards' commits (admissions go on)."""
         assert self.root is not None
         generation = self.generation + 1
         self.root.makedirs(generation_name(generation))

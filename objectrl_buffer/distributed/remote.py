@@ -428,7 +428,7 @@ class RemoteBuffer(Sampling):
 
     # ------------------------------------------------------------------ the rest
     def checkpoint(self) -> int:
-        """Take a consistent cut of every shard and the limiter now (see :mod:`.coordinator`); its generation.
+        """Take a cut of every shard and the limiter now, under one manifest (see :mod:`.coordinator`); its generation.
 
         Raises:
             InvalidArgumentError: launched without ``checkpoint_path``.
@@ -459,7 +459,8 @@ class RemoteBuffer(Sampling):
         return dict(self.retry("limiter_counters", lambda: self.coordinator.counters.remote()))
 
     def save(self, path: str, data: bool = False) -> None:
-        """Each shard's ``save`` to ``<path>.shard-<i>`` (for one consistent cut use :meth:`checkpoint`)."""
+        """Each shard's ``save`` to ``<path>.shard-<i>`` (for one cut of them all, restored together, use
+        :meth:`checkpoint`)."""
         self.retry("save", lambda: [s.save.remote(f"{path}.shard-{i}", data) for i, s in enumerate(self.shards)])
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:

@@ -267,3 +267,55 @@ def test_late_rows_are_counted_by_the_coordinators_own_loop(local_ray: None, tmp
     ray.get(remote.shards[0].add_batch.remote(rows(0, 10), "late-writer", 0, ticket))
     assert remote.sample_batch(4, timeout=30).batch_size[0] == 4  # admitted once the loop counted the 10 rows
     remote.kill()
+
+
+class StuckShard:
+    """What a coordinator asks of a shard, with a save that hangs until ``release()``: a shard whose node died
+    in the middle of a cut, not yet declared dead by Ray."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.saving = 0  # saves begun
+
+    def counts(self, rebuilt_by: str | None = None) -> tuple[int, int, int]:
+        return 0, 0, 0
+
+    def late_rows(self) -> tuple[str, int]:
+        return "stuck", 0
+
+    def checkpoint(self, generation: int) -> int:
+        self.saving += 1
+        self.released.wait(60)
+        return 0
+
+    def saves_begun(self) -> int:
+        return self.saving
+
+    def commit(self, generation: int) -> None:
+        pass
+
+    def release(self) -> None:
+        self.released.set()
+
+
+def test_a_cut_stuck_on_one_shard_holds_no_admission(local_ray: None, tmp_path: Any) -> None:
+    """A cut waiting for a shard's save (its node lost mid-cut) leaves the limiter admitting writes and samples
+    for the other shards; the cut completes once the save does. (Before: admissions paused for the whole
+    cut, so every writer and the learner waited until Ray declared the node dead.)"""
+    from objectrl_buffer.distributed.coordinator import Coordinator
+
+    stuck = ray.remote(StuckShard).options(max_concurrency=4).remote()
+    coordinator = (
+        ray.remote(Coordinator).options(max_concurrency=1000).remote([stuck, stuck], MinSize(1), 100, tmp_path)
+    )
+    ray.get(coordinator.counters.remote())  # both actors up before the cut starts
+    cut = coordinator.checkpoint.remote()
+    wait_for(lambda: ray.get(stuck.saves_begun.remote()) == 2, "the cut waiting for the stuck saves")
+    assert isinstance(ray.get(coordinator.admit_insert.remote(0, 5, 5.0), timeout=30), str)  # admitted: a ticket
+    assert ray.get(coordinator.admit_sample.remote(2, 5.0), timeout=30) is True
+    assert not ray.wait([cut], timeout=0)[0]  # admitted while the cut was still stuck
+    ray.get(stuck.release.remote())
+    assert ray.get(cut, timeout=30) == 1
+    assert ray.get(coordinator.counters.remote()) == {"inserts": 5, "samples": 2, "deletes": 0}
+    for actor in (coordinator, stuck):
+        ray.kill(actor)
