@@ -312,7 +312,10 @@ class Coordinator:
         lost, its actor restarting) skips the cut, counted in ``skipped_cuts`` and raised as a
         :class:`~objectrl_buffer.errors.CheckpointError`, but not in the ``failing`` streak that refuses
         admissions: the other shards go on (degraded mode, see :mod:`.health`), and the next cut is tried
-        ``checkpoint_every_s`` later."""
+        ``checkpoint_every_s`` later. So does a shard lost during the cut (its actor died or became
+        unreachable: Ray's ``RayActorError``): a lost node is Ray's to restart, not a storage failure."""
+        import ray
+
         missing = await self._unreachable()
         if missing:
             self.skipped_cuts += 1
@@ -321,6 +324,11 @@ class Coordinator:
             raise CheckpointError(f"remote buffer: {self.last_error}")
         try:
             generation = await self._cut()
+        except ray.exceptions.RayActorError as exc:
+            self.skipped_cuts += 1
+            self.last_error = f"a shard was lost during the cut ({type(exc).__name__}): cut skipped"
+            logger.warning("remote buffer: checkpoint cut skipped: %s: %s", self.last_error, exc)
+            raise CheckpointError(f"remote buffer: {self.last_error}") from None
         except Exception as exc:
             self.failed_cuts += 1
             self.failing += 1
