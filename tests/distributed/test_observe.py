@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+import urllib.request
 
 import pytest
 
@@ -70,5 +72,67 @@ def test_the_shards_and_the_limiter_export_ray_gauges(local_ray: None) -> None:
             "objectrl_buffer_limiter_insert_blocked_seconds",
             "objectrl_buffer_limiter_sample_blocked_seconds",
         }
+    finally:
+        remote.kill()
+
+
+def ray_exports_metrics() -> bool:
+    """Whether Ray's metrics agent runs (and so exports for Prometheus): only with ray[default]'s packages, as
+    Ray itself decides (``ray.dashboard.optional_deps``: aiohttp, aiohttp_cors, grpcio, opencensus,
+    opentelemetry-sdk/-proto/-exporter-prometheus, prometheus_client, pydantic); with the minimal ``ray`` the
+    agent starts ``--minimal`` and no node listens on its metrics export port."""
+    try:
+        import ray.dashboard.optional_deps  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="Ray exports every ~10 s: ~20 s: set RUN_SLOW=1")
+@pytest.mark.skipif(
+    not ray_exports_metrics(),
+    reason="Ray exports metrics for Prometheus only with ray[default]'s packages (pip install 'ray[default]'; "
+    "not in the `ray` extra, nor in CI)",
+)
+def test_prometheus_scrapes_the_buffers_gauges_with_the_values_the_buffer_holds(local_ray: None) -> None:
+    """Ray's Prometheus endpoint of this node (``MetricsExportPort`` of ``ray.nodes()``), scraped over HTTP as
+    Prometheus does, has the buffer's gauges (``ray_`` + the gauge's name), tagged with the buffer's id and the
+    shard, holding what the buffer holds: each shard's rows and inserts, the limiter's inserts and samples."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    here = ray.get_runtime_context().get_node_id()
+    node = next(n for n in ray.nodes() if n["NodeID"] == here)
+    url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+    remote = RemoteBuffer.launch(ReplayBuffer, "cpu", "cpu", 1000, num_shards=2, seed=0, rate_limiter=MinSize(1))
+    try:
+        remote.add_batch(rows(0, 12))
+        remote.add_batch(rows(12, 5))
+        remote.sample_batch(4)
+        shards = remote.stats()["shards"]
+        assert sorted(s["rows"] for s in shards) == [5, 12]  # a batch goes to one shard, the next to the other
+        expected: dict[tuple[str, str | None], float] = {
+            ("ray_objectrl_buffer_limiter_inserts", None): 17,
+            ("ray_objectrl_buffer_limiter_samples", None): 4,
+        }
+        for s in shards:
+            expected[("ray_objectrl_buffer_shard_rows", str(s["shard"]))] = s["rows"]
+            expected[("ray_objectrl_buffer_shard_inserts", str(s["shard"]))] = s["inserts"]
+
+        def scraped() -> dict[tuple[str, str | None], float]:
+            text = urllib.request.urlopen(url, timeout=10).read().decode()
+            return {
+                (sample.name, sample.labels.get("shard")): sample.value
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.labels.get("buffer") == remote.buffer_id
+            }
+
+        deadline = time.monotonic() + 30  # the gauges are set once a second, Ray exports every few seconds
+        got = scraped()
+        while not expected.items() <= got.items() and time.monotonic() < deadline:
+            time.sleep(1)
+            got = scraped()
+        assert expected.items() <= got.items(), f"{url}: {got}"
     finally:
         remote.kill()
