@@ -204,37 +204,41 @@ class RemoteBuffer(Sampling):
         actor = ray.remote(Shard)
         seed = kwargs.pop("seed", None)
         buffer_id = uuid.uuid4().hex[:16]  # names the writers' folders a shard accepts (see Shard._map)
-        shards = []
-        for i in range(n):
-            shard_kwargs = dict(kwargs, seed=None if seed is None else seed + i)
-            named = actor.options(**placed.options[i], **named_options(name, namespace, detached, f"shard-{i}"))
-            shards.append(named.remote(buffer_cls, args, shard_kwargs, i, root, resume, buffer_id, bool(metrics)))
-        capacity, num_envs = ray.get([shards[0].get.remote("buffer_size"), shards[0].get.remote("num_envs")])
-        beta = ray.get(shards[0].get.remote("beta")) if hasattr(buffer_cls, "update_priority") else None
+        shards: list[Any] = []
         coordinator = None
-        if rate_limiter is not None or root is not None:
-            # an async actor: a waiting admission is a coroutine, not a thread (see .coordinator)
-            coord_options.update(named_options(name, namespace, detached, "coordinator"))
-            coord = ray.remote(Coordinator).options(**coord_options, max_concurrency=100_000)
-            coordinator = coord.remote(
-                shards,
-                rate_limiter,
-                int(capacity),
-                root,
-                checkpoint_every_s,
-                keep,
-                resume,
-                max_failed,
-                (name or buffer_id) if metrics else None,
-            )
-            try:
+        try:  # a launch that fails leaves nothing started: no actor, no placement group of ours
+            for i in range(n):
+                shard_kwargs = dict(kwargs, seed=None if seed is None else seed + i)
+                named = actor.options(**placed.options[i], **named_options(name, namespace, detached, f"shard-{i}"))
+                shards.append(named.remote(buffer_cls, args, shard_kwargs, i, root, resume, buffer_id, bool(metrics)))
+            capacity, num_envs = ray.get([shards[0].get.remote("buffer_size"), shards[0].get.remote("num_envs")])
+            beta = ray.get(shards[0].get.remote("beta")) if hasattr(buffer_cls, "update_priority") else None
+            if rate_limiter is not None or root is not None:
+                # an async actor: a waiting admission is a coroutine, not a thread (see .coordinator)
+                coord_options.update(named_options(name, namespace, detached, "coordinator"))
+                coord = ray.remote(Coordinator).options(**coord_options, max_concurrency=100_000)
+                coordinator = coord.remote(
+                    shards,
+                    rate_limiter,
+                    int(capacity),
+                    root,
+                    checkpoint_every_s,
+                    keep,
+                    resume,
+                    max_failed,
+                    (name or buffer_id) if metrics else None,
+                )
                 if root is not None:
                     check_location(root.uri, coordinator, shards)
                 ray.get(coordinator.counters.remote())  # started (and resumed) before the first write
-            except BaseException:
-                for started in [*shards, coordinator]:
-                    ray.kill(started, no_restart=True)
-                raise
+        except BaseException:
+            for started in [*shards, *([coordinator] if coordinator is not None else [])]:
+                ray.kill(started, no_restart=True)
+            if placed.group is not None:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(placed.group)
+            raise
         handle = cls(
             shards,
             int(capacity),

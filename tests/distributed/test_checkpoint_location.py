@@ -197,6 +197,20 @@ def test_a_location_only_one_node_sees_is_refused_and_nothing_stays_started(clus
     eventually(lambda: buffer_actors() <= before, "the refused launch left a shard or the coordinator alive")
 
 
+def test_a_refused_launch_removes_the_placement_group_it_made(cluster: Any, tmp_path: Any) -> None:
+    """``placement="strict_spread"`` makes a placement group; a launch the location check refuses removes it
+    with the actors (else its bundles' resources stay held). (Before: the group stayed ``CREATED``.)"""
+    from ray.util.placement_group import placement_group_table
+
+    def live_groups() -> set[str]:
+        return {key for key, group in placement_group_table().items() if group["state"] != "REMOVED"}
+
+    before = live_groups()
+    with pytest.raises(CheckpointError):
+        launch(tmp_path, f"{NODE}://ckpt-{uuid.uuid4().hex[:8]}", num_shards=2, placement="strict_spread")
+    eventually(lambda: live_groups() <= before, "the refused launch left its placement group")
+
+
 def test_a_node_local_location_is_accepted_when_every_actor_is_on_that_node(cluster: Any, tmp_path: Any) -> None:
     """The same node-local disk with both shards and the coordinator on one node passes the launch check (one
     node sees one location), and a cut lands on that node's disk only."""
