@@ -330,8 +330,8 @@ class ChunkShard:
             self.shard.add_batch(data)
 
     def sample(self, k: int, bounds: list[int]) -> tuple[bytes, ...]:
-        from objectrl_buffer.core.keys import INDEX_KEY
-        from objectrl_buffer.distributed.shard import GENERATION_KEY, pack, to_numpy
+        from objectrl_buffer.core.keys import GENERATION_KEY, INDEX_KEY
+        from objectrl_buffer.distributed.wire import pack, to_numpy
 
         _, mass, _ = self.shard.stats()
         out = to_numpy(self.shard.buffer.sample_batch(k))
@@ -354,7 +354,7 @@ def protocols(
     """A 2-shard ``sample(256)`` by each protocol: p50/p99 latency and MB shipped a sample."""
     import ray
 
-    from objectrl_buffer.distributed.shard import unpack
+    from objectrl_buffer.distributed.wire import unpack
 
     shards, sampler = handle.shards, handle.sampler
     generator = torch.Generator().manual_seed(0)

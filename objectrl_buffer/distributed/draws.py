@@ -55,7 +55,7 @@ from objectrl_buffer.core.keys import INDEX_KEY, WEIGHT_KEY
 from objectrl_buffer.core.schema import Key
 from objectrl_buffer.distributed.admission import Asked
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
-from objectrl_buffer.distributed.shard import RAW_WEIGHT, unpack
+from objectrl_buffer.distributed.wire import RAW_WEIGHT, unpack
 from objectrl_buffer.errors import EmptyBufferError, ReplayBufferError
 from objectrl_buffer.storage.table import make_tensordict
 

@@ -1,6 +1,6 @@
 """Which same-node writer files a shard maps, and how: only a writer's own folder, read-only.
 
-A shared-rows descriptor (:class:`~objectrl_buffer.distributed.shard.SharedRows`) comes through Ray, and Ray
+A shared-rows descriptor (:class:`~objectrl_buffer.distributed.wire.SharedRows`) comes through Ray, and Ray
 clusters have no authentication by default: whoever reaches the cluster can send one naming any path. So a
 shard maps a descriptor's files only when
 

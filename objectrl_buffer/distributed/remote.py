@@ -11,7 +11,7 @@ checkpoints are asked for, one :class:`~.coordinator.Coordinator` actor. Payload
   restart is stored exactly once, and so is each acknowledged write of threads sharing one handle (each call in
   flight has a stream of its own, see ``RemoteBuffer._take``) or one :class:`Writer` (its calls take turns on a
   lock). A writer on a shard's own node keeps its columns in files of its own in ``/dev/shm`` and sends that shard
-  only a small :class:`~.shard.SharedRows` descriptor: the shard copies the rows straight from its mapping of the
+  only a small :class:`~.wire.SharedRows` descriptor: the shard copies the rows straight from its mapping of the
   files (no serialization, no object store).
 * Samples, prefetching and priority updates: see :mod:`.sampling` (the handle's base class).
 * Faults: a call that meets a dead shard is retried (Ray restarts the actor from the last checkpoint) until
@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 from tensordict import TensorDictBase
 
+from objectrl_buffer.core.keys import GENERATION_KEY
 from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.distributed.admission import Asked, admit
 from objectrl_buffer.distributed.coordinator import Coordinator
@@ -45,11 +46,8 @@ from objectrl_buffer.distributed.observe import BufferStats, LimiterStats, Rates
 from objectrl_buffer.distributed.placement import coordinator_actor_options, place_shards
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
 from objectrl_buffer.distributed.sampling import Sampling
-from objectrl_buffer.distributed.shard import (
-    GENERATION_KEY,
-    Shard,
-    to_numpy,
-)
+from objectrl_buffer.distributed.shard import Shard
+from objectrl_buffer.distributed.wire import to_numpy
 from objectrl_buffer.distributed.writer import Writer
 from objectrl_buffer.errors import (
     InvalidArgumentError,

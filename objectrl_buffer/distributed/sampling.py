@@ -37,7 +37,7 @@ from objectrl_buffer.distributed.calls import ShardCalls
 from objectrl_buffer.distributed.draws import Draw, Sampler, get_all
 from objectrl_buffer.distributed.health import DEGRADED_KEY
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
-from objectrl_buffer.distributed.shard import unpack
+from objectrl_buffer.distributed.wire import unpack
 from objectrl_buffer.errors import EmptyBufferError, InvalidArgumentError, ReplayBufferError
 
 __all__ = ["Sampling"]

@@ -9,36 +9,28 @@ A :class:`Shard` holds a buffer plus
 * a journal of its writes since the last committed checkpoint (:mod:`.cut`).
 
 A writer on the shard's own node leaves its batches in files it owns (RAM-backed, see
-:mod:`.remote`) and sends a :class:`SharedRows` descriptor instead of the rows: the shard maps each column
+:mod:`.remote`) and sends a :class:`~.wire.SharedRows` descriptor instead of the rows: the shard maps each column
 file once (kept per writer and column set until :meth:`Shard.release` or until the writer's folder is gone)
 and copies the rows straight from the mapping into its storage, under the same ``(writer_id, seq)`` rule.
 
-All three ride in the buffer's full checkpoints as the extra state ``"remote_shard"`` (:class:`ShardState`).
-When Ray restarts a dead shard, the actor is constructed again: it loads the generation the manifest names,
-and counts as lost the rows its journal says it wrote after that checkpoint; a retried write of one of them
-is stored again and no longer counted lost. The count of lost rows (and which writes may still come again)
-rides in the checkpoints too, and the journal tells a shard's lifetimes apart (:mod:`.cut`), so
-``lost_rows`` adds up over every restart: rows held + rows lost == rows acknowledged, whatever cuts and
-restarts came in between.
+All three ride in the buffer's full checkpoints as the extra state ``"remote_shard"``
+(:class:`~.shard_state.ShardState`). When Ray restarts a dead shard, the actor is constructed again: it loads
+the generation the manifest names, and counts as lost the rows its journal says it wrote after that
+checkpoint; a retried write of one of them is stored again and no longer counted lost. The count of lost rows
+(and which writes may still come again) rides in the checkpoints too, and the journal tells a shard's
+lifetimes apart (:mod:`.cut`), so ``lost_rows`` adds up over every restart: rows held + rows lost == rows
+acknowledged, whatever cuts and restarts came in between.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import struct
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
 
-from objectrl_buffer.checkpoint.extras import Arrays, Values
-from objectrl_buffer.checkpoint.manifest import ExtraValue
 from objectrl_buffer.core.keys import GENERATION_KEY, INDEX_KEY
 from objectrl_buffer.distributed.cut import (
     JournalLine,
@@ -51,106 +43,23 @@ from objectrl_buffer.distributed.cut import (
 from objectrl_buffer.distributed.location import Journal, Location, as_location, probe
 from objectrl_buffer.distributed.mapped import check_folder, map_column
 from objectrl_buffer.distributed.observe import MetricsThread, ShardStats
+from objectrl_buffer.distributed.shard_state import ShardState
 from objectrl_buffer.distributed.tickets import LateWrites
-from objectrl_buffer.errors import BufferUnavailable, CheckpointError, InvalidArgumentError, ReplayBufferError
+from objectrl_buffer.distributed.wire import (
+    MISSING,
+    RAW_WEIGHT,
+    SharedRows,
+    column_path,
+    from_numpy,
+    pack,
+    to_numpy,
+    writer_prefix,
+)
+from objectrl_buffer.errors import BufferUnavailable, InvalidArgumentError, ReplayBufferError
 from objectrl_buffer.flow.limited import batch_rows
-from objectrl_buffer.storage.folders import PREFIX
 from objectrl_buffer.storage.torchrl_compat import plain_items
 
-__all__ = [
-    "Shard",
-    "ShardState",
-    "SharedRows",
-    "GENERATION_KEY",
-    "MISSING",
-    "RAW_WEIGHT",
-    "column_path",
-    "flat",
-    "pack",
-    "to_numpy",
-    "unpack",
-]
-
-#: ``(p + eps) ** alpha`` of each drawn row of a prioritized shard (the handle turns it into weights).
-RAW_WEIGHT = "_raw_weight"
-
-
-def flat(data: TensorDictBase | Mapping[str, Any]) -> dict[str, Any]:
-    """A write as a flat ``{key: value}`` dict (nested TensorDict keys joined by ``"."``; values as they are)."""
-    if not isinstance(data, TensorDictBase):
-        return dict(data)
-    items = data.items(include_nested=True, leaves_only=True)
-    return {".".join(key) if isinstance(key, tuple) else key: value for key, value in items}
-
-
-def to_numpy(data: TensorDictBase | Mapping[str, Any]) -> dict[str, Any]:
-    """A write as flat ``{key: NumPy array or number}`` (nested keys joined by ``"."``)."""
-    return {
-        key: value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
-        for key, value in flat(data).items()
-    }
-
-
-#: ``mass`` (float64), ``rows`` (int64) and the header's length (uint32) at the start of a packed draw.
-_PREFIX = struct.Struct("<dqI")
-_HEADERS: dict[tuple[tuple[str, np.dtype, tuple[int, ...]], ...], bytes] = {}  # layout -> its JSON header
-_LAYOUTS: dict[bytes, list[tuple[str, np.dtype, tuple[int, ...], int]]] = {}  # JSON header -> layout
-
-
-def _cached(cache: dict[Any, Any], key: Any, make: Any) -> Any:
-    value = cache.get(key)
-    if value is None:
-        if len(cache) >= 64:  # a handful of layouts in a run; bounded all the same
-            cache.clear()
-        value = cache[key] = make()
-    return value
-
-
-def pack(mass: float, columns: Mapping[str, np.ndarray]) -> bytes:
-    """A shard's draw as one ``bytes`` object: its ``mass`` and ``[n, ...]`` NumPy columns (``n`` rows each).
-
-    Why one ``bytes``: Ray returns it for ~0.05 ms more than an empty call here, a dict of seven 256-row
-    NumPy arrays for ~0.35 ms more (each array is one more out-of-band pickle buffer, each nesting level
-    one more pass of Ray's serializer). The layout travels as a small JSON header (never unpickled).
-    """
-    layout = tuple((key, value.dtype, value.shape[1:]) for key, value in columns.items())
-    header = _cached(_HEADERS, layout, lambda: json.dumps([[k, d.str, list(shape)] for k, d, shape in layout]).encode())
-    rows = len(next(iter(columns.values()))) if columns else 0
-    data = [np.ascontiguousarray(value).data for value in columns.values()]
-    return b"".join([_PREFIX.pack(mass, rows, len(header)), header, *data])
-
-
-def unpack(packed: bytes, copy: bool = True) -> tuple[float, int, dict[str, np.ndarray]]:
-    """``(mass, rows, columns)`` of a :func:`pack` ed draw: the columns are views of one writable copy of the
-    bytes (``copy=False``: read-only views of the bytes themselves, for a caller that copies them anyway).
-
-    Raises:
-        ValueError: the bytes do not hold what their header says.
-    """
-    mass, rows, size = _PREFIX.unpack_from(packed)
-    start = _PREFIX.size + size
-    header = packed[_PREFIX.size : start]
-
-    def parse() -> list[tuple[str, np.dtype, tuple[int, ...], int]]:
-        return [(k, np.dtype(d), tuple(shape), math.prod(shape)) for k, d, shape in json.loads(header)]
-
-    layout = _cached(_LAYOUTS, header, parse)
-    data = memoryview(packed)[start:]
-    size = rows * sum(width * dtype.itemsize for _, dtype, _, width in layout)
-    if size != len(data):
-        raise ValueError(f"a packed draw of {len(data)} bytes for a layout of {size}")
-    buffer = bytearray(data) if copy else data
-    out, offset = {}, 0
-    for key, dtype, shape, width in layout:
-        out[key] = np.frombuffer(buffer, dtype, rows * width, offset).reshape(rows, *shape)
-        offset += rows * width * dtype.itemsize
-    return mass, rows, out
-
-
-#: What ``add_batch`` returns for a :class:`SharedRows` batch whose files it cannot see (and for that writer's
-#: later batches, until the refused one comes again): send them again as rows, in order.
-MISSING = -1
-
+__all__ = ["CALLABLE", "READABLE", "Shard"]
 
 #: Buffer methods :meth:`Shard.call` runs (reads only: no ``save``/``load`` to a caller's path, no writes that
 #: bypass the ``(writer, seq)`` rule or the limiter).
@@ -171,125 +80,9 @@ CALLABLE = frozenset(
 READABLE = frozenset({"beta", "buffer_size", "num_envs"})
 
 
-def writer_prefix(buffer_id: str, writer: str) -> str:
-    """The name every folder of ``writer``'s column files starts with, for the buffer ``buffer_id``: a shard
-    maps only folders so named (:meth:`Shard.add_batch`)."""
-    return f"{PREFIX}writer-{buffer_id}-{writer}-"
-
-
-def column_path(folder: str, index: int, field: int) -> str:
-    """The file of column ``field`` of a same-node writer's column set ``index`` in its ``folder``."""
-    return os.path.join(folder, f"set-{index}-{field}.bin")
-
-
-@dataclass(frozen=True)
-class SharedRows:
-    """A batch a writer on the shard's node left in its files: the first ``rows`` rows of column set ``index``
-    in ``folder``, each column a file of ``capacity`` rows (:func:`column_path`, in ``layout`` order:
-    ``(key, NumPy dtype string, per-row shape)``). A few hundred bytes through Ray whatever the batch."""
-
-    folder: str
-    index: int
-    rows: int
-    capacity: int
-    layout: tuple[tuple[str, str, tuple[int, ...]], ...]
-
-
-def _from_numpy(data: Mapping[str, Any]) -> dict[str, Any]:
-    """Tensors over ``data``'s arrays. Read-only ones (a writer's mapped files) are only read (the storage
-    copies them): torch's warning about them is silenced."""
-    if all(v.flags.writeable for v in data.values() if isinstance(v, np.ndarray)):
-        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in data.items()}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
-        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in data.items()}
-
-
 def _priorities(buffer: Any) -> Any:
     """The prioritized extra state of a buffer (its public ``checkpoint_extras``), or ``None``."""
     return next((e for e in getattr(buffer, "checkpoint_extras", ()) if getattr(e, "name", "") == "prioritized"), None)
-
-
-class ShardState:
-    """The extra state ``"remote_shard"``: slot generations (array ``[capacity]`` int64), rows ever written,
-    the last ``seq`` applied per writer (a JSON object in one string value), and the restarts' accounts:
-    ``lost`` (rows acknowledged and dropped by restarts, not stored again since), ``pending`` (the writes
-    among them a writer may still send again: ``{writer: {seq: rows}}``, a JSON string) and ``epoch`` (the
-    lifetime of the shard that saved it, see :mod:`.cut`), and ``sampled`` (admitted samples this shard was
-    told to count, see :meth:`Shard.sample`). A checkpoint without the last four (an older version's) reads as
-    none lost, epoch 0, none sampled."""
-
-    name = "remote_shard"
-
-    def __init__(self, capacity: int) -> None:
-        self.generation = np.full(capacity, -1, dtype=np.int64)
-        self.written = 0
-        self.seqs: dict[str, int] = {}
-        self.lost = 0
-        self.pending: dict[str, dict[int, int]] = {}
-        self.epoch = 0
-        self.sampled = 0
-
-    def state(self) -> tuple[Arrays, dict[str, ExtraValue]]:
-        pending = {w: [[seq, rows] for seq, rows in p.items()] for w, p in self.pending.items()}
-        return {"generation": torch.from_numpy(self.generation.copy())}, {
-            "written": self.written,
-            "writers": json.dumps(self.seqs),
-            "lost": self.lost,
-            "pending": json.dumps(pending),
-            "epoch": self.epoch,
-            "sampled": self.sampled,
-        }
-
-    @staticmethod
-    def _pending(values: Values) -> dict[str, dict[int, int]]:
-        """The ``pending`` value as ``{writer: {seq: rows}}``.
-
-        Raises:
-            ValueError: not of that form.
-        """
-        got = json.loads(str(values.get("pending", "{}")))
-        if not isinstance(got, dict):
-            raise ValueError("not an object")
-        out = {}
-        for writer, pairs in got.items():
-            if not (isinstance(pairs, list) and all(_ints(pair, 2) for pair in pairs)):
-                raise ValueError(f"writer {writer!r}")
-            out[writer] = {int(seq): int(rows) for seq, rows in pairs}
-        return out
-
-    def check(self, arrays: Arrays, values: Values, rows: int, source: str) -> None:
-        gen = arrays.get("generation")
-        if gen is None or tuple(gen.shape) != self.generation.shape or not isinstance(values.get("written"), int):
-            raise CheckpointError(f"'{source}': no remote_shard state of a shard of {len(self.generation)} slots")
-        try:
-            seqs = json.loads(str(values["writers"]))
-        except (KeyError, ValueError):
-            raise CheckpointError(f"'{source}': bad remote_shard writers") from None
-        if not (isinstance(seqs, dict) and all(isinstance(v, int) for v in seqs.values())):
-            raise CheckpointError(f"'{source}': bad remote_shard writers")
-        for key in ("lost", "epoch", "sampled"):
-            value = values.get(key, 0)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-                raise CheckpointError(f"'{source}': bad remote_shard {key}")
-        try:
-            self._pending(values)
-        except (ValueError, TypeError) as exc:
-            raise CheckpointError(f"'{source}': bad remote_shard pending ({exc})") from None
-
-    def restore(self, arrays: Arrays, values: Values) -> None:
-        self.generation = arrays["generation"].numpy().astype(np.int64, copy=True)
-        self.written = int(values["written"])
-        self.seqs = dict(json.loads(str(values["writers"])))
-        self.lost = int(values.get("lost", 0))
-        self.pending = self._pending(values)
-        self.epoch = int(values.get("epoch", 0))
-        self.sampled = int(values.get("sampled", 0))
-
-
-def _ints(value: Any, n: int) -> bool:
-    """``value`` is a list of ``n`` ints (JSON)."""
-    return isinstance(value, list) and len(value) == n and all(type(v) is int for v in value)
 
 
 class Shard:
@@ -300,8 +93,8 @@ class Shard:
         checkpoint_root: the remote buffer's ``checkpoint_path``, a local path or URI (:mod:`.location`; ``None``:
             no checkpoints, nothing to reload).
         resume: load the manifest's generation even on a first start (a restart always does).
-        buffer_id: the remote buffer's id: a :class:`SharedRows` batch is taken only from a folder named by
-            :func:`writer_prefix` for this buffer and its writer.
+        buffer_id: the remote buffer's id: a :class:`~.wire.SharedRows` batch is taken only from a folder named by
+            :func:`~.wire.writer_prefix` for this buffer and its writer.
         metrics: export this shard's numbers as Ray gauges (see :mod:`.observe`; also after a restart).
     """
 
@@ -404,7 +197,7 @@ class Shard:
         ``ticket``: the admission's (see :mod:`.tickets`; ``None``: no limiter)."""
         if not self._applied(writer, seq):
             pointer = int(self.buffer.pointer)
-            self.buffer.add(_from_numpy(transition))
+            self.buffer.add(from_numpy(transition))
             self._wrote(pointer, self.num_envs)
             self._record(writer, seq, self.num_envs)
             self.late.note(ticket, self.num_envs)
@@ -413,8 +206,8 @@ class Shard:
     def add_batch(
         self, batch: Mapping[str, Any] | SharedRows, writer: str | None = None, seq: int = 0, ticket: str | None = None
     ) -> int:
-        """Store a batch unless ``(writer, seq)`` was applied; rows written, or :data:`MISSING`: a
-        :class:`SharedRows` batch whose files are not here, or a later batch of that writer, nothing stored.
+        """Store a batch unless ``(writer, seq)`` was applied; rows written, or :data:`~.wire.MISSING`: a
+        :class:`~.wire.SharedRows` batch whose files are not here, or a later batch of that writer, nothing stored.
         ``ticket``: the admission's (see :mod:`.tickets`; ``None``: no limiter)."""
         if not self._applied(writer, seq):
             refused = self.refused.get(writer or "")
@@ -433,7 +226,7 @@ class Shard:
                 self.arrived["payload"] += 1
             self.refused.pop(writer or "", None)
             pointer = int(self.buffer.pointer)
-            self.buffer.add_batch(_from_numpy(batch))
+            self.buffer.add_batch(from_numpy(batch))
             n = batch_rows(batch, self.num_envs)
             self._wrote(pointer, n)
             self._record(writer, seq, n)
@@ -444,7 +237,7 @@ class Shard:
         """Views of the first ``rows.rows`` rows of a writer's column set, its files mapped on first use.
 
         The folder must be the writer's own and the files are mapped read-only (:mod:`.mapped`: no link, in
-        ``/dev/shm`` or the temp folder, named by :func:`writer_prefix` of this buffer and writer, this user's
+        ``/dev/shm`` or the temp folder, named by :func:`~.wire.writer_prefix` of this buffer and writer, this user's
         and not writable by others): the shard never writes to them.
 
         Raises:
@@ -477,7 +270,7 @@ class Shard:
         self.mapped.pop(writer, None)
 
     def node_id(self) -> str:
-        """The Ray node this shard runs on (a writer on it sends :class:`SharedRows`)."""
+        """The Ray node this shard runs on (a writer on it sends :class:`~.wire.SharedRows`)."""
         import ray
 
         return str(ray.get_runtime_context().get_node_id())
@@ -551,7 +344,7 @@ class Shard:
 
     def sample(self, k: int, _admitted: Any = None, counted: int = 0) -> bytes | ReplayBufferError:
         """The shard's mass and ``k`` rows drawn by the buffer's own rule (with ``"generation"`` and, prioritized,
-        the raw weights), :func:`pack` ed; no rows when it holds none. ``counted``: samples the limiter admitted
+        the raw weights), :func:`~.wire.pack` ed; no rows when it holds none. ``counted``: samples the limiter admitted
         for this draw, added to this shard's count (the handle tells one shard per admitted sample: a restarted
         coordinator adds them up, see :mod:`.coordinator`). ``_admitted``: a refusal is returned as it is."""
         if isinstance(_admitted, ReplayBufferError):

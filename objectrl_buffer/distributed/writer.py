@@ -26,7 +26,7 @@ from objectrl_buffer.core.keys import INDEX_KEY
 from objectrl_buffer.core.schema import Schema
 from objectrl_buffer.core.validate import positive_int, real_in
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
-from objectrl_buffer.distributed.shard import (
+from objectrl_buffer.distributed.wire import (
     MISSING,
     SharedRows,
     column_path,
@@ -56,7 +56,7 @@ class _Columns:
     single-process ``add``'s fast path): one call checks a plain row's keys, dtypes and shapes and stores it,
     or declines (nothing written).
 
-    With a ``folder``, the columns are files there (set ``index``, :func:`~.shard.column_path`), their pages
+    With a ``folder``, the columns are files there (set ``index``, :func:`~.wire.column_path`), their pages
     reserved up front (a full tmpfs raises ``OSError`` here, never ``SIGBUS`` on a later write), mapped
     shared: a shard on this node reads them as they are.
 
@@ -141,7 +141,7 @@ class Writer:
     Same node (``same_node`` not ``False``): when a shard runs on this process's Ray node, the column sets are
     files in a private folder (:attr:`folder`, in ``/dev/shm`` when all ``max_in_flight + 1`` sets take at most
     a quarter of its room, see :mod:`~objectrl_buffer.storage.placement`; else no files and every batch goes
-    through Ray), and a batch bound for such a shard travels as a :class:`~.shard.SharedRows` descriptor: the
+    through Ray), and a batch bound for such a shard travels as a :class:`~.wire.SharedRows` descriptor: the
     shard copies the rows from its mapping of the files. A set is refilled only once its batch is acknowledged,
     so a batch retried after a shard restart still finds its rows there (the restarted shard maps the files
     anew). Batches bound for shards on other nodes travel through Ray as before. The folder goes at

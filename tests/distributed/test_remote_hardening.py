@@ -196,7 +196,7 @@ def shared_batch(folder: Any, n: int = 4) -> tuple[Any, tuple[Any, ...]]:
     """A writer's column set 0 of ``n`` rows written into ``folder`` (made here, mode 0700); the layout."""
     import numpy as np
 
-    from objectrl_buffer.distributed.shard import column_path
+    from objectrl_buffer.distributed.wire import column_path
 
     os.makedirs(folder, mode=0o700, exist_ok=True)
     data = {k: v.numpy() for k, v in rows(0, n).items()}
@@ -219,7 +219,7 @@ def writer_folders(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[t
 
 
 def refused(shard: Any, folder: Any, layout: Any, why: str) -> None:
-    from objectrl_buffer.distributed.shard import SharedRows
+    from objectrl_buffer.distributed.wire import SharedRows
     from objectrl_buffer.errors import InvalidArgumentError
 
     with pytest.raises(InvalidArgumentError, match=why):
@@ -230,7 +230,7 @@ def refused(shard: Any, folder: Any, layout: Any, why: str) -> None:
 def test_a_descriptor_whose_column_files_are_links_is_refused(writer_folders: tuple[Any, Any]) -> None:
     """A folder of the right name, this user's, mode 0700, whose column files are symbolic links to files
     elsewhere (a secret, a file of another buffer): refused, nothing read. (Before: the links were followed.)"""
-    from objectrl_buffer.distributed.shard import column_path, writer_prefix
+    from objectrl_buffer.distributed.wire import column_path, writer_prefix
 
     shard, tmp = writer_folders
     _, layout = shared_batch(tmp / "victim")
@@ -244,7 +244,7 @@ def test_a_descriptor_whose_column_files_are_links_is_refused(writer_folders: tu
 def test_a_descriptor_of_a_folder_others_can_write_or_own_is_refused(writer_folders: tuple[Any, Any]) -> None:
     """A folder of the right name that is world-writable, or owned by another user (as root: chown), or not
     in a folder writers use: refused. (Before: the folder's name was all that was checked.)"""
-    from objectrl_buffer.distributed.shard import writer_prefix
+    from objectrl_buffer.distributed.wire import writer_prefix
 
     shard, tmp = writer_folders
     folder = tmp / (writer_prefix("b1", "w") + "open")
@@ -264,7 +264,7 @@ def test_a_descriptor_of_a_folder_others_can_write_or_own_is_refused(writer_fold
 def test_a_writers_own_folder_is_mapped_read_only(writer_folders: tuple[Any, Any]) -> None:
     """The writer's own folder is accepted and its files are mapped read-only: the arrays the shard holds
     cannot be written (before: copy-on-write, writable)."""
-    from objectrl_buffer.distributed.shard import SharedRows, writer_prefix
+    from objectrl_buffer.distributed.wire import SharedRows, writer_prefix
 
     shard, tmp = writer_folders
     folder = tmp / (writer_prefix("b1", "w") + "x")

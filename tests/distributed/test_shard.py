@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from objectrl_buffer import ReplayBuffer
-from objectrl_buffer.distributed.shard import MISSING, Shard, SharedRows, column_path, pack, unpack, writer_prefix
+from objectrl_buffer.distributed.shard import Shard
+from objectrl_buffer.distributed.wire import MISSING, SharedRows, column_path, pack, unpack, writer_prefix
 from tests.support import rows
 
 DTYPES = [np.float32, np.float64, np.int64, np.int32, np.uint8, np.bool_, np.float16]
