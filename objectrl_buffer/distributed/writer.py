@@ -363,8 +363,9 @@ class Writer:
             return
         try:
             written = ray.get(self.in_flight[0][0])
-        except ray.exceptions.RayActorError:
-            self._resend()
+        except ray.exceptions.RayActorError as exc:  # its shard died: set aside (degraded mode), else waited for
+            if not self._set_aside(self.in_flight[0][1], f"a writer batch failed: {type(exc).__name__}"):
+                self._resend()
             return
         except ray.exceptions.RayTaskError as exc:
             self._done()
@@ -379,17 +380,25 @@ class Writer:
 
     def _park(self) -> bool:
         """Degraded mode (see :mod:`.health`): set the oldest batch aside if its shard has not answered within
-        ``shard_timeout_s`` (the shard is marked down: later batches go to the other shards); whether it was.
+        ``shard_timeout_s`` (see :meth:`_set_aside`); whether it was."""
+        health = self.remote.health
+        if not health.degrading or len(self.remote.shards) < 2:
+            return False
+        ref, shard = self.in_flight[0][0], self.in_flight[0][1]
+        if _ray().wait([ref], timeout=health.shard_timeout_s)[0]:
+            return False
+        return self._set_aside(shard, f"a writer batch unanswered within shard_timeout_s={health.shard_timeout_s:g}")
+
+    def _set_aside(self, shard: int, why: str) -> bool:
+        """Degraded mode: mark ``shard`` down (later batches go to the other shards) and set its batches in flight
+        aside, to be settled once it answers again; whether they were (not in ``"wait"`` mode or with one shard).
 
         A batch set aside is never sent to another shard (its own may have stored it before dying). At most
         ``max_in_flight`` a shard are set aside; past that the oldest is waited for."""
         health, shards = self.remote.health, self.remote.shards
         if not health.degrading or len(shards) < 2:
             return False
-        ref, shard = self.in_flight[0][0], self.in_flight[0][1]
-        if _ray().wait([ref], timeout=health.shard_timeout_s)[0]:
-            return False
-        health.mark_down(shard, f"a writer batch unanswered within shard_timeout_s={health.shard_timeout_s:g}")
+        health.mark_down(shard, why)
         # every batch of that shard is set aside, in order: a later one sent again (after the restart) before
         # an earlier one would make the shard take the earlier for a retry of an applied write and drop it
         self.parked.extend(entry for entry in self.in_flight if entry[1] == shard)

@@ -195,3 +195,31 @@ def test_a_learner_sample_keeps_its_timeout_with_100_writer_admissions_waiting(l
     assert errors == [] and not any(thread.is_alive() for thread in threads)
     assert stored_ids(remote) == list(range(10)) + list(range(100, 200))
     remote.kill()
+
+
+def test_a_writer_goes_on_with_the_live_shard_when_the_other_dies_at_once(local_ray: None, tmp_path: Any) -> None:
+    """Degraded mode: a shard whose actor dies, so that its calls fail at once (here for good:
+    ``max_restarts=0``), does not hold a Writer: its batches are set aside (counted in ``undelivered``) and the
+    later ones go to the live shard. (Before: the Writer waited for the shard's restart, up to
+    ``retry_timeout_s``, 120 s here; with Ray's default health checks that was the whole 16-18 s of a node
+    loss, measured by ``distributed_bench.py --cluster --sections stall``.)"""
+    remote = launch(10_000, 2, tmp_path / "s", max_restarts=0, retry_timeout_s=120)
+    writer = remote.writer(batch_size=10, flush_every_s=100, same_node=False)
+    data = rows(0, 240)
+
+    def add(first: int, last: int) -> None:
+        for i in range(first, last):
+            writer.add({k: v[i] for k, v in data.items()})
+
+    add(0, 40)
+    writer.flush()  # 2 batches a shard
+    ray.kill(remote.shards[1], no_restart=True)
+    threads, errors = in_threads(lambda: add(40, 240))
+    threads[0].join(60)
+    assert not threads[0].is_alive(), "the writer waits for the dead shard"
+    assert errors == []
+    assert list(remote.health.down) == [1]
+    held = ray.get(remote.shards[0].counts.remote())[1]
+    assert writer.undelivered <= 70  # set aside (at most max_in_flight a shard) + in flight + the open batch
+    assert held + 20 + writer.undelivered >= 240  # nothing accepted is lost: stored, or still held by the writer
+    remote.kill(close_timeout_s=5)
