@@ -38,8 +38,10 @@ class LateWrites:
         self.rows = 0
 
     def rebuilt(self, by: str) -> None:
-        """The coordinator incarnation ``by`` read this shard's counts: writes of other tickets are late now."""
+        """The coordinator incarnation ``by`` read this shard's counts: writes of other tickets are late now.
+        The late rows so far are in those counts: the count starts again (else ``by`` would count them twice)."""
         self.rebuilt_by = by
+        self.rows = 0
 
     def note(self, ticket: str | None, n: int) -> None:
         """``n`` rows stored under ``ticket`` (``None``: written without a limiter)."""

@@ -167,3 +167,21 @@ def test_a_shard_lost_during_a_cut_skips_it_and_is_not_a_failed_cut(local_ray: N
     status = ray.get(coordinator.cut_status.remote())
     assert (status["skipped_cuts"], status["failed_cuts"], status["failing"]) == (1, 0, 0)
     ray.kill(coordinator)
+
+
+def test_late_rows_are_not_counted_again_by_the_next_restarted_coordinator(local_ray: None, tmp_path: Any) -> None:
+    """Review of issue 23 (tickets): late rows the first restarted coordinator counted are in the shards'
+    ``written`` counts the second restart rebuilds from; the shard's late count must not be added on top.
+    (Fails today: the shard keeps its late count across rebuilds and the second coordinator's LateTally starts
+    from zero, so inserts read 20 with 14 rows written.)"""
+    remote = launch(10, tmp_path, rate_limiter=MinSize(1))
+    shard = remote.shards[0]
+    remote.add_batch(rows(0, 8))
+    ticket = remote.admit_insert(0, 6, timeout=30)
+    restart_coordinator(remote)
+    ray.get(shard.add_batch.remote(rows(8, 6), "late-writer", 0, ticket))  # late for the first restart
+    want = {"inserts": 14, "samples": 0, "deletes": 4}
+    assert remote.limiter_counters() == want
+    restart_coordinator(remote)  # nothing written in between: the counts must not move
+    assert remote.limiter_counters() == want
+    remote.kill()

@@ -74,3 +74,33 @@ def test_bad_coordinator_options_are_refused(local_ray: None, tmp_path: Path) ->
 def test_a_bad_shard_loss_or_shard_timeout_is_refused(local_ray: None, tmp_path: Path, kwargs: Any, match: str) -> None:
     with pytest.raises(InvalidArgumentError, match=match):
         launch(tmp_path, **kwargs)
+
+
+class _Busy:
+    def ping(self) -> int:
+        return 1
+
+
+def test_a_launch_on_a_cluster_whose_cpus_are_all_taken_starts_its_coordinator(local_ray: None, tmp_path: Path) -> None:
+    """Review of issue 23 (the coordinator's 0.001 CPU): env actors holding every CPU of the cluster (a full
+    RL cluster) must not keep the coordinator from starting. (Fails today: ``launch`` waits forever for 0.001
+    CPU; with ``coordinator_options={"num_cpus": 0}`` it returns at once. A restarted coordinator on a full
+    cluster would likewise never be scheduled.)"""
+    import threading
+
+    cpus = ray.available_resources().get("CPU", 0.0)
+    busy = [ray.remote(_Busy).options(num_cpus=cpus).remote()]
+    ray.get(busy[0].ping.remote())
+    launched: list[Any] = []
+    thread = threading.Thread(target=lambda: launched.append(launch(tmp_path, rate_limiter=MinSize(1))), daemon=True)
+    try:
+        thread.start()
+        thread.join(30)
+        started = not thread.is_alive()
+    finally:
+        for actor in busy:
+            ray.kill(actor)
+        thread.join(60)  # the CPUs are free: the launch completes
+        for remote in launched:
+            remote.kill()
+    assert started, "launch waited 30 s for a CPU for its coordinator"

@@ -223,3 +223,21 @@ def test_a_writer_goes_on_with_the_live_shard_when_the_other_dies_at_once(local_
     assert writer.undelivered <= 70  # set aside (at most max_in_flight a shard) + in flight + the open batch
     assert held + 20 + writer.undelivered >= 240  # nothing accepted is lost: stored, or still held by the writer
     remote.kill(close_timeout_s=5)
+
+
+def test_a_shard_restarted_without_a_checkpoint_path_does_not_drop_its_rows_silently(
+    local_ray: None, tmp_path: Any
+) -> None:
+    """Review of issue 23 ("never drops a row silently"): without ``checkpoint_path`` Ray still restarts a dead
+    shard (``max_restarts=3`` by default), empty; its rows must be counted in ``lost_rows`` (or the restart
+    refused, or the loss raised), not vanish. (Fails today: 10 rows acknowledged, 0 held, ``lost_rows`` 0.)"""
+    remote = launch(100, 1, tmp_path / "s")
+    remote.add_batch(rows(0, 10))
+    pid = ray.get(remote.shards[0].__ray_call__.remote(lambda self: os.getpid()))
+    ray.kill(remote.shards[0], no_restart=False)
+    wait_for(
+        lambda: remote.retry("pid", lambda: remote.shards[0].__ray_call__.remote(lambda self: os.getpid())) != pid,
+        "the shard restarted",
+    )
+    assert len(remote) + remote.lost_rows == 10
+    remote.kill()
