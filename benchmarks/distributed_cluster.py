@@ -29,10 +29,12 @@ import contextlib
 import inspect
 import itertools
 import math
+import os
 import statistics
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -485,7 +487,9 @@ def one_stall(c: Any, mode: str, observe_s: float, tmp: str) -> tuple[float, flo
     import ray
 
     extra = {"shard_loss": mode} if "degrade" in modes() else {}
-    handle = launch(2, 100_000, tmp, retry_timeout_s=observe_s + 30, **extra)
+    # a checkpoint path: shards restart only from a cut (without one a lost shard stays lost)
+    ckpt = os.path.join(tmp, f"ckpt-{uuid.uuid4().hex[:8]}")
+    handle = launch(2, 100_000, tmp, retry_timeout_s=observe_s + 30, checkpoint_path=ckpt, **extra)
     data = small(64)
     handle.add_batch(data)
     handle.add_batch(data)

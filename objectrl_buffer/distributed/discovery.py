@@ -71,6 +71,10 @@ def check_free(
     if name is None:
         if namespace is not None:
             raise InvalidArgumentError("namespace= needs a name=")
+        if detached:
+            raise InvalidArgumentError(
+                "detached=True needs a name=: detached actors outlive this driver, and only a name reaches them"
+            )
         return
     if not isinstance(name, str) or not name or "/" in name:
         raise InvalidArgumentError(f"name must be a non-empty str without '/', got {name!r}")

@@ -7,17 +7,18 @@ with ``shard_loss="degrade"`` (the default) a handle goes on without it:
 
 * **Down.** A shard is *down* for this handle when one of its draws has not answered within
   ``shard_timeout_s``, or a call to it failed because its actor died. A warning is logged once an outage
-  (naming the shard, its node and when), and one line when it is back.
+  (naming the shard, why and when), and one line when it is back.
 * **Samples** come from the live shards only, with the probabilities of one buffer made of them (a down shard's
   rows cannot be drawn). Every batch of a RemoteBuffer has a bool column :data:`DEGRADED_KEY` of shape
   ``[batch]``: ``True`` in a batch drawn while a shard was left out. :attr:`ShardHealth.degraded_samples`
   counts them. When every shard is down, a sample waits as in ``"wait"`` mode.
 * **New writes** (``add``, ``add_batch``, a :class:`~.writer.Writer`'s batches) go to the live shards in turn.
   A write *already sent* to a shard that then died is never sent elsewhere: the shard may have stored it
-  before dying, and another shard would store it a second time. It waits for that shard's restart and is
-  sent to it again (stored once, by its ``(stream, seq)``; see :mod:`.remote`), so its caller stalls for
-  Ray's detection and the restart. :attr:`ShardHealth.rerouted_writes` counts writes routed around a down
-  shard.
+  before dying, and another shard would store it a second time. A blocking ``add``/``add_batch`` waits for
+  that shard's restart and is sent to it again (stored once, by its ``(stream, seq)``; see :mod:`.remote`), so
+  its caller stalls for Ray's detection and the restart; a :class:`~.writer.Writer` sets such batches aside
+  (counted in its ``undelivered``) and sends them again once the shard is back, so it goes on meanwhile.
+  :attr:`ShardHealth.rerouted_writes` counts writes routed around a down shard.
 * **Back.** While a shard is down, the handle keeps one cheap call to it on its way (its ``counts``) and looks
   at it without waiting; when it answers, the shard is live again.
 

@@ -23,10 +23,13 @@ shard waits until a node joins; under ``SPREAD`` and ``PACK`` onto any node with
 
 The coordinator: ``coordinator_options`` are its Ray actor options (``scheduling_strategy``, ``resources``,
 ``num_cpus``, ...). By default it runs on the *launching driver's node* (node affinity, ``soft=True``: if that
-node dies, or has no CPU to offer, it runs wherever Ray finds room). It asks for :data:`COORDINATOR_CPUS` of a
-CPU, not 0: Ray places an actor that asks for no resources on a random node whatever its soft affinity says
-(measured with ray 2.60 on a 3-node ``Cluster``: 2 of 6 on the asked node with ``num_cpus=0``, 12 of 12 with
-0.001; ray-project/ray#25360 fixed this for hard affinity only). Nothing at launch knows where the writers
+node dies, it runs wherever Ray finds room). It asks for :data:`COORDINATOR_MEMORY` (one byte of Ray's
+``memory`` resource), not nothing: Ray places an actor that asks for no resources on a random node whatever its
+soft affinity says (measured with ray 2.60 on a 3-node ``Cluster``: 2 of 6 on the asked node with
+``num_cpus=0``; 10 of 10 with one byte of memory, every CPU of that node taken; ray-project/ray#25360 fixed
+this for hard affinity only). Not a CPU: on a cluster whose CPUs are all taken (environment actors) it would
+never start.
+Nothing at launch knows where the writers
 will run, so the default cannot keep it off a writer's node; the driver's node is the learner's, whose loss
 ends the job anyway.
 """
@@ -39,10 +42,11 @@ from typing import Any
 from objectrl_buffer.distributed.ray_import import ray_module as _ray
 from objectrl_buffer.errors import InvalidArgumentError
 
-__all__ = ["COORDINATOR_CPUS", "STRATEGIES", "Placed", "place_shards", "coordinator_actor_options"]
+__all__ = ["COORDINATOR_MEMORY", "STRATEGIES", "Placed", "place_shards", "coordinator_actor_options"]
 
-#: the share of a CPU the coordinator asks for by default (a soft node affinity needs a resource to hold)
-COORDINATOR_CPUS = 0.001
+#: bytes of Ray's ``memory`` resource the coordinator asks for by default (a soft node affinity needs a
+#: resource to hold, see the module docs)
+COORDINATOR_MEMORY = 1
 
 #: the ``placement`` strings and Ray's placement group strategies they stand for
 STRATEGIES = {"spread": "SPREAD", "strict_spread": "STRICT_SPREAD", "pack": "PACK"}
@@ -127,8 +131,8 @@ def _in_group(group: Any, n: int, base: dict[str, Any], strategy: Any) -> list[d
 
 
 def coordinator_actor_options(options: Mapping[str, Any] | None, max_restarts: int) -> dict[str, Any]:
-    """The coordinator's Ray actor options: ``options`` over the defaults (``max_restarts``; unless ``options``
-    name ``resources``: the driver's node and ``num_cpus=COORDINATOR_CPUS``, else ``num_cpus=0``; see the module
+    """The coordinator's Ray actor options: ``options`` over the defaults (``num_cpus=0``, ``max_restarts``;
+    unless ``options`` name ``resources``: the driver's node and ``memory=COORDINATOR_MEMORY``; see the module
     docs).
 
     Raises:
@@ -145,7 +149,7 @@ def coordinator_actor_options(options: Mapping[str, Any] | None, max_restarts: i
             raise InvalidArgumentError(f"coordinator_options: {key!r} is set by launch itself")
     here = ray.get_runtime_context().get_node_id()
     out: dict[str, Any] = {"num_cpus": 0, "max_restarts": max_restarts}
-    if "resources" not in given:  # custom resources place it themselves (and may name a node without CPUs)
-        out.update(num_cpus=COORDINATOR_CPUS, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True))
+    if "resources" not in given:  # custom resources place it themselves
+        out.update(memory=COORDINATOR_MEMORY, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True))
     out.update(given)
     return out

@@ -125,7 +125,7 @@ class RemoteBuffer(Sampling):
         keep_last: int = 2,
         rate_limiter: RateLimiter | None = None,
         resume: bool = False,
-        max_restarts: int = 3,
+        max_restarts: int | None = None,
         retry_timeout_s: float = 30.0,
         actor_options: Mapping[str, Any] | None = None,
         coordinator_options: Mapping[str, Any] | None = None,
@@ -151,7 +151,12 @@ class RemoteBuffer(Sampling):
             keep_last: generations kept on disk (>= 1).
             rate_limiter: one limiter for all shards (:mod:`objectrl_buffer.flow`); its counters join the cuts.
             resume: start from the cut already at ``checkpoint_path`` (else the buffer starts empty).
-            max_restarts: how often Ray restarts a dead shard (``-1``: always).
+            max_restarts: how often Ray restarts a dead shard or the coordinator (``-1``: always; default 3). A
+                shard restarts from the last cut, so without ``checkpoint_path`` shards are not restarted (a
+                restart would come back empty, its rows neither kept nor counted in :attr:`lost_rows`): a lost
+                shard stays lost, and calls that need it raise
+                :class:`~objectrl_buffer.errors.BufferUnavailable` (the coordinator still restarts: it rebuilds
+                its counts from the shards).
             retry_timeout_s: how long a call retries a dead shard before
                 :class:`~objectrl_buffer.errors.BufferUnavailable`.
             actor_options: Ray options of the shard actors (default ``{"num_cpus": 0}``).
@@ -173,7 +178,9 @@ class RemoteBuffer(Sampling):
 
         Raises:
             ImportError: Ray is not installed. InvalidArgumentError: a bad argument, named; ``name`` in use in
-                ``namespace``; ``actor_options`` that name the actors.
+                ``namespace``; ``actor_options`` that name the actors; ``detached`` without ``name``;
+                ``max_restarts`` other than 0 for shards without ``checkpoint_path`` (in ``actor_options``);
+                ``coordinator_options`` for a buffer that has no coordinator (no limiter, no checkpoints).
             CheckpointError: ``checkpoint_path`` cannot be opened, or is not one location every actor sees (the
                 message names it and which shard or coordinator, on which node, could not see it).
         """
@@ -195,9 +202,17 @@ class RemoteBuffer(Sampling):
         if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
             raise InvalidArgumentError(f"rate_limiter must be a RateLimiter, got {type(rate_limiter).__name__}")
         root = None if checkpoint_path is None else Location(str(checkpoint_path))
+        restarts = _restarts(max_restarts, checkpoint_path is not None, actor_options)
+        if not isinstance(metrics, bool):
+            raise InvalidArgumentError(f"metrics must be True or False, got {metrics!r}")
+        if coordinator_options is not None and rate_limiter is None and checkpoint_path is None:
+            raise InvalidArgumentError(
+                "coordinator_options: this buffer has no coordinator (it runs one for a rate_limiter or a "
+                "checkpoint_path)"
+            )
         options = dict(actor_options or {"num_cpus": 0})
-        options.setdefault("max_restarts", max_restarts)
-        coord_options = coordinator_actor_options(coordinator_options, max_restarts)
+        options.setdefault("max_restarts", restarts if checkpoint_path is not None else 0)
+        coord_options = coordinator_actor_options(coordinator_options, restarts)
         placed = place_shards(placement, n, options)
         actor = ray.remote(Shard)
         seed = kwargs.pop("seed", None)
@@ -500,6 +515,25 @@ class RemoteBuffer(Sampling):
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self.placement_group)
+
+
+def _restarts(max_restarts: int | None, checkpoints: bool, actor_options: Mapping[str, Any] | None) -> int:
+    """The actors' ``max_restarts`` (see :meth:`RemoteBuffer.launch`).
+
+    Raises:
+        InvalidArgumentError: not an int >= -1; shards restarted without checkpoints (they would come back empty).
+    """
+    restarts = 3 if max_restarts is None else max_restarts
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < -1:
+        raise InvalidArgumentError(f"max_restarts must be an int >= -1 (-1: always), got {max_restarts!r}")
+    shard_restarts = dict(actor_options or {}).get("max_restarts", 0 if max_restarts is None else max_restarts)
+    if not checkpoints and shard_restarts != 0:
+        raise InvalidArgumentError(
+            f"max_restarts={shard_restarts} without a checkpoint_path: a shard restarts from the last checkpoint "
+            "cut, so without one it would come back empty and its rows would be lost uncounted; give a "
+            "checkpoint_path, or leave max_restarts out (shards are then not restarted)"
+        )
+    return restarts
 
 
 def _rebuild(shards: list[Any], capacity: int, beta: float | None, settings: dict[str, Any]) -> RemoteBuffer:

@@ -69,11 +69,29 @@ def test_bad_coordinator_options_are_refused(local_ray: None, tmp_path: Path) ->
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"shard_loss": "ignore"}, "shard_loss must be one of"), ({"shard_timeout_s": 0}, "shard_timeout_s")],
+    [
+        ({"shard_loss": "ignore"}, "shard_loss must be one of"),
+        ({"shard_timeout_s": 0}, "shard_timeout_s"),
+        ({"detached": True}, "detached=True needs a name"),
+        ({"coordinator_options": {"num_cpus": 0}}, "has no coordinator"),
+        ({"metrics": "yes"}, "metrics must be True or False"),
+        ({"max_restarts": -2, "checkpoint_path": "ckpt"}, "max_restarts must be an int >= -1"),
+        ({"max_restarts": 1}, "without a checkpoint_path"),
+    ],
 )
-def test_a_bad_shard_loss_or_shard_timeout_is_refused(local_ray: None, tmp_path: Path, kwargs: Any, match: str) -> None:
+def test_a_bad_launch_argument_is_refused_before_anything_starts(
+    local_ray: None, tmp_path: Path, kwargs: Any, match: str
+) -> None:
+    """Each is refused with InvalidArgumentError naming it, and no actor is left (nothing was started)."""
+    from ray._private import state
+
+    def alive() -> int:
+        return sum(1 for a in state.actors().values() if a["State"] != "DEAD")
+
+    before = alive()
     with pytest.raises(InvalidArgumentError, match=match):
         launch(tmp_path, **kwargs)
+    assert alive() == before
 
 
 class _Busy:
@@ -82,10 +100,10 @@ class _Busy:
 
 
 def test_a_launch_on_a_cluster_whose_cpus_are_all_taken_starts_its_coordinator(local_ray: None, tmp_path: Path) -> None:
-    """Review of issue 23 (the coordinator's 0.001 CPU): env actors holding every CPU of the cluster (a full
-    RL cluster) must not keep the coordinator from starting. (Fails today: ``launch`` waits forever for 0.001
-    CPU; with ``coordinator_options={"num_cpus": 0}`` it returns at once. A restarted coordinator on a full
-    cluster would likewise never be scheduled.)"""
+    """Review of issue 23: env actors holding every CPU of the cluster (a full RL cluster) must not keep the
+    coordinator from starting. (Failed with the coordinator's 0.001 CPU: ``launch`` waited forever; it asks for
+    one byte of Ray's ``memory`` resource now. A restarted coordinator on a full cluster would likewise never
+    have been scheduled.)"""
     import threading
 
     cpus = ray.available_resources().get("CPU", 0.0)
