@@ -250,3 +250,33 @@ def test_without_a_checkpoint_path_a_lost_shard_is_not_restarted_empty(local_ray
     with pytest.raises(BufferUnavailable):
         _ = remote.lost_rows
     remote.kill(close_timeout_s=5)
+
+
+@pytest.mark.parametrize("mode", ["degrade", "wait"])
+def test_a_lost_shard_is_warned_about_once_and_wait_mode_keeps_all_shards(
+    local_ray: None, tmp_path: Any, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shard lost for good (no checkpoint_path: not restarted): in ``"degrade"`` mode samples go on from the
+    other shard, flagged, with one warning for the outage however many samples follow; in ``"wait"`` mode a
+    sample needs every shard and raises BufferUnavailable after ``retry_timeout_s``."""
+    import logging
+
+    from objectrl_buffer.distributed.health import DEGRADED_KEY
+
+    remote = launch(1000, 2, tmp_path / "s", shard_loss=mode, retry_timeout_s=2)
+    remote.add_batch(rows(0, 50))
+    remote.add_batch(rows(50, 50))
+    ray.kill(remote.shards[1], no_restart=True)
+    wait_for(lambda: ray.wait([remote.shards[1].__ray_ready__.remote()], timeout=1)[0], "the kill seen")
+    with caplog.at_level(logging.WARNING, logger="objectrl_buffer.distributed.health"):
+        if mode == "degrade":
+            for _ in range(5):
+                batch = remote.sample_batch(16)
+                assert bool(batch[DEGRADED_KEY].all()) and (batch["step"] < 50_000).all()  # shard 0's rows only
+            downs = [r for r in caplog.records if "shard 1 is down" in r.getMessage()]
+            assert len(downs) == 1 and remote.health.snapshot()["degraded_samples"] == 5
+        else:
+            with pytest.raises(BufferUnavailable):
+                remote.sample_batch(16)
+            assert remote.health.snapshot()["outages"] == 0  # "wait": no shard is ever left out
+    remote.kill(close_timeout_s=5)
