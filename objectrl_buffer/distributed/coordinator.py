@@ -171,7 +171,8 @@ class Coordinator:
         answer within :data:`PING_S` is counted at the next call."""
         if self.limiter is None or not self.rebuilt:
             return 0
-        calls = [asyncio.ensure_future(asyncio.wait_for(shard.late_rows.remote(), PING_S)) for shard in self.shards]
+        asks = [shard.late_rows.remote(self.ticket) for shard in self.shards]
+        calls = [asyncio.ensure_future(asyncio.wait_for(ask, PING_S)) for ask in asks]
         reports = await asyncio.gather(*calls, return_exceptions=True)
         counted = 0
         for shard, report in enumerate(reports):  # no await below: concurrent calls never count a row twice

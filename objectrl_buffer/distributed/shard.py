@@ -175,20 +175,25 @@ class Shard:
     def _applied(self, writer: str | None, seq: int) -> bool:
         return writer is not None and seq <= self.state.seqs.get(writer, -1)
 
-    def _record(self, writer: str | None, seq: int, n: int) -> None:
+    def _record(self, writer: str | None, seq: int, n: int) -> bool:
+        """Note the write ``(writer, seq)`` of ``n`` rows applied; whether it was a lost write sent again (its
+        rows were counted by the limiter when they were first written)."""
         if writer is None:
-            return
+            return False
         state = self.state
         state.seqs[writer] = seq
         if self.journal is not None:
             self.journal.write(journal_line(JournalLine(writer, seq, n, state.written, state.epoch)))
         pending = state.pending.get(writer)
+        resent = 0
         if pending:  # a lost write sent again is held again; earlier lost seqs of this writer can no longer be
-            state.lost -= pending.pop(seq, 0)
+            resent = pending.pop(seq, 0)
+            state.lost -= resent
             for old in [old for old in pending if old < seq]:
                 del pending[old]  # lost for good (still counted)
             if not pending:
                 del state.pending[writer]
+        return resent > 0
 
     def add(
         self, transition: Mapping[str, Any], writer: str | None = None, seq: int = 0, ticket: str | None = None
@@ -199,8 +204,8 @@ class Shard:
             pointer = int(self.buffer.pointer)
             self.buffer.add(from_numpy(transition))
             self._wrote(pointer, self.num_envs)
-            self._record(writer, seq, self.num_envs)
-            self.late.note(ticket, self.num_envs)
+            if not self._record(writer, seq, self.num_envs):
+                self.late.note(ticket, self.num_envs)
         return self.state.written
 
     def add_batch(
@@ -229,8 +234,8 @@ class Shard:
             self.buffer.add_batch(from_numpy(batch))
             n = batch_rows(batch, self.num_envs)
             self._wrote(pointer, n)
-            self._record(writer, seq, n)
-            self.late.note(ticket, n)
+            if not self._record(writer, seq, n):
+                self.late.note(ticket, n)
         return self.state.written
 
     def _map(self, rows: SharedRows, writer: str) -> dict[str, np.ndarray]:
@@ -299,10 +304,10 @@ class Shard:
             self.late.rebuilt(rebuilt_by)
         return self.state.written, len(self.buffer), self.state.sampled
 
-    def late_rows(self) -> tuple[str, int]:
+    def late_rows(self, current: str | None = None) -> tuple[str, int]:
         """``(this actor's incarnation, late rows)``: rows stored under another coordinator's ticket since the
-        last rebuild (see :mod:`.tickets`)."""
-        return self.late.report()
+        last rebuild; ``current``: the asking coordinator's ticket (see :meth:`.tickets.LateWrites.report`)."""
+        return self.late.report(current)
 
     def usage(self) -> ShardStats:
         """This shard's numbers for :meth:`RemoteBuffer.stats <.remote.RemoteBuffer.stats>` (see

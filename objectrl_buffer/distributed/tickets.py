@@ -12,9 +12,9 @@ the admitting coordinator's incarnation (a random id each actor start), and the 
   its counters, and counts the rows it has not counted yet as inserted (and what they evicted).
 
 Writes sent before the rebuild are in the counts it read; writes after it are counted as late: each row once.
-One gap is left: a shard that itself restarts forgets which incarnation rebuilt from it (its journal keeps
-rows, not this), so a late write reaching it after that restart goes uncounted; it needs two faults within
-one write's round trip.
+A shard that itself restarts forgets which incarnation rebuilt from it: it keeps its rows per ticket until
+the restarted coordinator next asks for late rows (naming its own ticket), and then counts those of other
+tickets as late. A lost write sent again is never late: its rows were counted when first written.
 """
 
 from __future__ import annotations
@@ -36,20 +36,34 @@ class LateWrites:
         self.incarnation = new_ticket()  # this shard actor's start: a restart counts from 0 again
         self.rebuilt_by: str | None = None  # the coordinator incarnation that last rebuilt from this shard
         self.rows = 0
+        #: rows stored per ticket before any coordinator named itself to this actor (see :meth:`report`)
+        self.unplaced: dict[str, int] = {}
 
     def rebuilt(self, by: str) -> None:
         """The coordinator incarnation ``by`` read this shard's counts: writes of other tickets are late now.
         The late rows so far are in those counts: the count starts again (else ``by`` would count them twice)."""
         self.rebuilt_by = by
         self.rows = 0
+        self.unplaced.clear()
 
     def note(self, ticket: str | None, n: int) -> None:
-        """``n`` rows stored under ``ticket`` (``None``: written without a limiter)."""
-        if ticket is not None and self.rebuilt_by is not None and ticket != self.rebuilt_by:
+        """``n`` rows stored under ``ticket`` (``None``: written without a limiter), first written here (a lost
+        write sent again was counted when it was first written: the shard does not note it)."""
+        if ticket is None:
+            return
+        if self.rebuilt_by is None:
+            self.unplaced[ticket] = self.unplaced.get(ticket, 0) + n
+        elif ticket != self.rebuilt_by:
             self.rows += n
 
-    def report(self) -> tuple[str, int]:
-        """``(incarnation, late rows)``: what :meth:`LateTally.take` reads."""
+    def report(self, current: str | None = None) -> tuple[str, int]:
+        """``(incarnation, late rows)``: what :meth:`LateTally.take` reads. ``current``: the asking
+        coordinator's ticket. A shard actor that no coordinator rebuilt from (it restarted after the rebuild)
+        takes it as its rebuilder: the rows it stored meanwhile under other tickets are late too."""
+        if current is not None and self.rebuilt_by is None:
+            self.rebuilt_by = current
+            self.rows += sum(n for ticket, n in self.unplaced.items() if ticket != current)
+            self.unplaced.clear()
         return self.incarnation, self.rows
 
 

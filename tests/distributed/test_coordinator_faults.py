@@ -108,7 +108,7 @@ class StuckShard:
     def counts(self, rebuilt_by: str | None = None) -> tuple[int, int, int]:
         return 0, 0, 0
 
-    def late_rows(self) -> tuple[str, int]:
+    def late_rows(self, current: str | None = None) -> tuple[str, int]:
         return "stuck", 0
 
     def checkpoint(self, generation: int) -> int:
@@ -184,4 +184,45 @@ def test_late_rows_are_not_counted_again_by_the_next_restarted_coordinator(local
     assert remote.limiter_counters() == want
     restart_coordinator(remote)  # nothing written in between: the counts must not move
     assert remote.limiter_counters() == want
+    remote.kill()
+
+
+def restart_shard(remote: RemoteBuffer, i: int) -> None:
+    """Kill shard ``i``'s process (Ray restarts it from the last cut) and wait until the restarted actor answers."""
+    shard = remote.shards[i]
+    pid = ray.get(shard.__ray_call__.remote(lambda self: os.getpid()))
+    ray.kill(shard, no_restart=False)
+    wait_for(
+        lambda: remote.retry("pid", lambda: shard.__ray_call__.remote(lambda self: os.getpid())) != pid,
+        "the shard restarted",
+    )
+
+
+def test_late_writes_reaching_a_shard_restarted_after_the_rebuild_are_counted_once(
+    local_ray: None, tmp_path: Any
+) -> None:
+    """Two faults within one round trip: the coordinator restarts, then the shard. A late write (its admission
+    the dead coordinator's) reaching the restarted shard for the first time is counted (the shard keeps its rows
+    per ticket until the coordinator names itself); a late write the shard had stored, lost with its restart
+    and sent again, is not counted a second time. After each step inserts == held + lost. (Before: the first
+    was stored uncounted, inserts 14 with 18 rows held.)"""
+    remote = launch(100, tmp_path, rate_limiter=MinSize(1))
+    shard = remote.shards[0]
+    remote.add_batch(rows(0, 8))
+    remote.checkpoint()
+    first, second = remote.admit_insert(0, 6, timeout=30), remote.admit_insert(0, 4, timeout=30)
+    restart_coordinator(remote)  # rebuilt from the shard: 8 rows
+
+    def balanced(want: int) -> None:
+        assert remote.limiter_counters()["inserts"] == len(remote) + remote.lost_rows == want
+
+    ray.get(shard.add_batch.remote(rows(8, 6), "writer-a", 0, first))  # late: counted by the restarted one
+    balanced(14)
+    restart_shard(remote, 0)  # no cut since the 8 rows: the 6 late ones are lost, counted in lost_rows
+    assert remote.lost_rows == 6
+    ray.get(shard.add_batch.remote(rows(8, 6), "writer-a", 0, first))  # the writer's retry: stored again
+    assert remote.lost_rows == 0
+    balanced(14)  # not counted twice
+    ray.get(shard.add_batch.remote(rows(14, 4), "writer-b", 0, second))  # first landing, on the restarted shard
+    balanced(18)
     remote.kill()
