@@ -17,6 +17,37 @@ from tests.support import rows
 ray = pytest.importorskip("ray")
 
 
+def test_stats_after_a_shard_restart_show_the_restart_the_lost_rows_and_the_cut_age(
+    local_ray: None, tmp_path: os.PathLike[str]
+) -> None:
+    """After a cut and 7 more rows, shard 1's process dies and Ray restarts it from the cut: ``stats()`` counts
+    the restart, the 7 rows lost (per shard and in all), and the last cut's age; the limiter still agrees
+    with the data (no pending rows)."""
+    remote = RemoteBuffer.launch(
+        ReplayBuffer, "cpu", "cpu", 1000, num_shards=2, seed=0, rate_limiter=MinSize(1),
+        checkpoint_path=os.path.join(tmp_path, "ckpt"), storage_dir=str(tmp_path),
+    )  # fmt: skip
+    try:
+        remote.add_batch(rows(0, 10))
+        remote.add_batch(rows(10, 10))
+        remote.checkpoint()
+        remote.add_batch(rows(20, 5))  # shard 0
+        remote.add_batch(rows(25, 7))  # shard 1: after the cut, lost with its process
+        pid = ray.get(remote.shards[1].__ray_call__.remote(lambda self: os.getpid()))
+        ray.kill(remote.shards[1], no_restart=False)
+        deadline = time.monotonic() + 60
+        while remote.retry("pid", lambda: remote.shards[1].__ray_call__.remote(lambda self: os.getpid())) == pid:
+            assert time.monotonic() < deadline, "shard 1 did not restart"
+            time.sleep(0.05)
+        stats = remote.stats()
+        assert stats["restarted_shards"] == 1 and [s["restarted"] for s in stats["shards"]] == [False, True]
+        assert stats["lost_rows"] == 7 and [s["lost_rows"] for s in stats["shards"]] == [0, 7]
+        assert stats["rows"] == 25 and stats["pending_rows"] == 0
+        assert stats["last_cut_age_s"] is not None and 0 <= stats["last_cut_age_s"] < 120
+    finally:
+        remote.kill()
+
+
 def test_stats_per_shard_and_in_all_match_what_was_written_and_sampled(local_ray: None) -> None:
     remote = RemoteBuffer.launch(ReplayBuffer, "cpu", "cpu", 1000, num_shards=2, seed=0, rate_limiter=MinSize(31))
     try:
